@@ -1,0 +1,5 @@
+import sys
+
+from slurmagent.cli import main
+
+sys.exit(main())

@@ -1,0 +1,250 @@
+"""Typed job specs: the *Conf dataclasses and their strict parsing from Hydra configs.
+
+The YAML in conf/ stays plain (so users can compose freely); at the launcher boundary each
+group is parsed into its dataclass by `parse_conf`, which refuses unknown keys (listing the
+valid ones), wrong types and out-of-range values with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from slurmagent.errors import ConfigError, choices
+
+CLUSTER_CHOICES = ("auto", "slurm", "local")
+
+
+@dataclass(frozen=True)
+class ResourcesConf:
+    """What one task asks of the scheduler. Turned into sbatch flags by slurm/sbatch.py."""
+
+    partition: str | None = None  # Slurm partition; None = the cluster's default partition
+    nodes: int = 1  # nodes per task (more than 1 = a multi-node torch.distributed job)
+    tasks_per_node: int = 1  # processes per node (usually one per GPU)
+    cpus_per_task: int = 1  # CPU cores per process
+    mem: str | None = "1G"  # memory per node, Slurm size syntax (500M, 4G); None = partition default
+    gpus: int = 0  # GPUs per node
+    gpu_type: str | None = None  # GPU model (a100, t4…); None = any type
+    time: str = "00:30:00"  # wall-clock limit, Slurm syntax ([D-]HH:MM:SS or minutes)
+    qos: str | None = None  # quality of service
+    account: str | None = None  # account to charge
+    constraint: str | None = None  # node features required (Slurm --constraint expression)
+    exclude: str | None = None  # nodes never to run on (Slurm hostlist)
+    extra: dict[str, str] = field(default_factory=dict)  # further sbatch long options, validated
+
+
+@dataclass(frozen=True)
+class CheckpointConf:
+    """When and where the runtime writes checkpoints."""
+
+    dir: str | None = None  # checkpoint directory; None = <job output dir>/checkpoints
+    every_steps: int = 100  # save every N steps (0 = never by step count)
+    every_seconds: float = 0.0  # also save when this long has passed since the last save (0 = off)
+    keep_last: int = 3  # keep the newest K valid checkpoints, prune older ones
+
+
+@dataclass(frozen=True)
+class RecoveryConf:
+    """Bounds and signals for surviving preemption and faults."""
+
+    signal: str = "USR2"  # user signal Slurm sends before the end (USR1 is often NCCL's)
+    signal_delay_s: int = 60  # seconds before the time limit that the signal is sent
+    max_attempts: int = 5  # attempts per task in all (requeues + resubmissions + the first)
+
+
+@dataclass(frozen=True)
+class TaskConf:
+    """The training code to run: a Python callable, or a command line."""
+
+    target: str | None = None  # "package.module:function", called with the job's config
+    command: list[str] | None = None  # argv of a program run as a child process (no shell)
+
+
+@dataclass(frozen=True)
+class LauncherConf:
+    """Options of the slurmagent Hydra launcher (hydra.launcher.*)."""
+
+    array_parallelism: int = 0  # at most N array tasks running at once (%N); 0 = no throttle
+    max_array_size: int = 0  # split arrays above this many tasks; 0 = read MaxArraySize from Slurm
+    poll_interval_s: float = 2.0  # seconds between status queries while supervising (grows when idle)
+    max_poll_interval_s: float = 30.0  # back-off ceiling for the poll interval
+
+
+T = TypeVar("T")
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is Literal:
+        return value in typing.get_args(annotation)
+    if origin is list:
+        (inner,) = typing.get_args(annotation)
+        return isinstance(value, list) and all(_type_ok(v, inner) for v in value)
+    if origin is dict:
+        k, v = typing.get_args(annotation)
+        return isinstance(value, dict) and all(_type_ok(a, k) and _type_ok(b, v) for a, b in value.items())
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+def _type_name(annotation: Any) -> str:
+    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def parse_conf(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
+    """Build dataclass `cls` from a plain mapping; `where` names the config group in errors."""
+    data = dict(data or {})
+    assert dataclasses.is_dataclass(cls)
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        raise ConfigError(f"unknown key {where}.{unknown[0]}; valid keys of {where}: {choices(known)}")
+    for key, value in data.items():
+        if isinstance(value, float) and hints[key] is int and value.is_integer():
+            data[key] = int(value)
+            value = data[key]
+        if not _type_ok(value, hints[key]):
+            raise ConfigError(f"{where}.{key}={value!r} has the wrong type; expected {_type_name(hints[key])}")
+    return cls(**data)
+
+
+_MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)B?$", re.IGNORECASE)
+_MEM_FACTOR = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+
+
+def mem_to_mb(text: str) -> int:
+    """Slurm memory size ('500M', '4G', '2048' = MB) → megabytes."""
+    m = _MEM_RE.match(text.strip())
+    if not m:
+        raise ConfigError(f"memory size {text!r} is not Slurm syntax; use e.g. 500M, 4G or a number of megabytes")
+    return int(float(m.group(1)) * _MEM_FACTOR[m.group(2).upper()])
+
+
+def slurm_time_to_seconds(text: str) -> int:
+    """Slurm time syntax → seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    t = text.strip()
+    try:
+        days = 0
+        if "-" in t:
+            d, t = t.split("-", 1)
+            days = int(d)
+            parts = [int(p) for p in t.split(":")]
+            while len(parts) < 3:
+                parts.append(0)
+            h, m, s = parts
+        else:
+            parts = [int(p) for p in t.split(":")]
+            if len(parts) == 1:
+                h, m, s = 0, parts[0], 0
+            elif len(parts) == 2:
+                h, m, s = 0, parts[0], parts[1]
+            elif len(parts) == 3:
+                h, m, s = parts
+            else:
+                raise ValueError(t)
+    except ValueError:
+        raise ConfigError(
+            f"time {text!r} is not Slurm syntax; use minutes, HH:MM:SS or D-HH:MM:SS (e.g. 30, 02:00:00, 1-00:00:00)"
+        ) from None
+    if min(days, h, m, s) < 0:
+        raise ConfigError(f"time {text!r} is negative")
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+def validate_resources(res: ResourcesConf) -> None:
+    """Checks that need no cluster: ranges and syntax. Cluster fit is slurm/cluster.py."""
+    for key in ("nodes", "tasks_per_node", "cpus_per_task"):
+        if getattr(res, key) < 1:
+            raise ConfigError(f"resources.{key}={getattr(res, key)} must be at least 1")
+    if res.gpus < 0:
+        raise ConfigError(f"resources.gpus={res.gpus} must be 0 or more")
+    if res.gpu_type is not None and res.gpus == 0:
+        raise ConfigError(f"resources.gpu_type={res.gpu_type!r} is set but resources.gpus=0; ask for at least 1 GPU")
+    if res.mem is not None:
+        mem_to_mb(res.mem)
+    if slurm_time_to_seconds(res.time) <= 0:
+        raise ConfigError(f"resources.time={res.time!r} must be longer than zero")
+
+
+def validate_task(task: TaskConf) -> None:
+    if (task.target is None) == (task.command is None):
+        raise ConfigError(
+            "set exactly one of task.target (a Python callable, 'module:function') "
+            "or task.command (a command line as a list)"
+        )
+    if task.target is not None and not re.fullmatch(r"[\w.]+:[\w.]+", task.target):
+        raise ConfigError(f"task.target={task.target!r} must look like 'package.module:function'")
+    if task.command is not None and not task.command:
+        raise ConfigError("task.command is empty; give the program and its arguments as a list")
+
+
+def validate_checkpoint(ck: CheckpointConf) -> None:
+    if ck.every_steps < 0 or ck.every_seconds < 0:
+        raise ConfigError("checkpoint.every_steps and checkpoint.every_seconds must be 0 (off) or positive")
+    if ck.keep_last < 1:
+        raise ConfigError(f"checkpoint.keep_last={ck.keep_last} must be at least 1")
+
+
+SIGNAL_CHOICES = ("USR1", "USR2", "TERM", "INT", "HUP")
+
+
+def validate_recovery(rc: RecoveryConf) -> None:
+    if rc.signal not in SIGNAL_CHOICES:
+        raise ConfigError(f"recovery.signal={rc.signal!r} is not one of {choices(SIGNAL_CHOICES)}")
+    if rc.signal_delay_s < 1:
+        raise ConfigError(f"recovery.signal_delay_s={rc.signal_delay_s} must be at least 1")
+    if rc.max_attempts < 1:
+        raise ConfigError(f"recovery.max_attempts={rc.max_attempts} must be at least 1")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One task of a sweep, parsed and validated: what the launcher submits."""
+
+    cluster: str
+    resources: ResourcesConf
+    checkpoint: CheckpointConf
+    recovery: RecoveryConf
+    task: TaskConf
+
+
+def job_spec(cfg: Mapping[str, Any]) -> JobSpec:
+    """Parse the slurmagent parts of a composed job config (a plain dict) into a JobSpec."""
+    cluster = cfg.get("cluster", "auto")
+    if cluster not in CLUSTER_CHOICES:
+        raise ConfigError(f"cluster={cluster!r} is not one of {choices(CLUSTER_CHOICES)}")
+    spec = JobSpec(
+        cluster=str(cluster),
+        resources=parse_conf(ResourcesConf, cfg.get("resources"), "resources"),
+        checkpoint=parse_conf(CheckpointConf, cfg.get("checkpoint"), "checkpoint"),
+        recovery=parse_conf(RecoveryConf, cfg.get("recovery"), "recovery"),
+        task=parse_conf(TaskConf, cfg.get("task"), "task"),
+    )
+    validate_resources(spec.resources)
+    validate_task(spec.task)
+    validate_checkpoint(spec.checkpoint)
+    validate_recovery(spec.recovery)
+    return spec
+
+
+def spec_key(spec: JobSpec | ResourcesConf) -> str:
+    """A stable, hashable identity for grouping tasks that can share one job array."""
+    import json
+
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True)

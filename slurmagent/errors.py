@@ -1,0 +1,49 @@
+"""The one errors module: every error slurmagent raises derives from SlurmAgentError.
+
+Subclasses mix in the builtin they refine, so callers can catch either
+(`except ValueError` still catches a ConfigError).  Messages name the offending key or
+value and, where there is a closed set, the valid choices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class SlurmAgentError(Exception):
+    """Root of all slurmagent errors."""
+
+
+class ConfigError(SlurmAgentError, ValueError):
+    """A job spec, resource request or option is invalid. Nothing was submitted."""
+
+
+class SlurmCommandError(SlurmAgentError, RuntimeError):
+    """A Slurm command (sbatch, squeue, sacct, scontrol, scancel) failed."""
+
+    def __init__(self, argv: list[str], returncode: int, stderr: str) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr
+        super().__init__(f"{' '.join(argv)} exited {returncode}: {stderr.strip()}")
+
+
+class SlurmUnavailableError(SlurmAgentError, RuntimeError):
+    """Slurm's commands are missing or its controller does not answer."""
+
+
+class CheckpointError(SlurmAgentError, RuntimeError):
+    """A checkpoint could not be written or no valid checkpoint could be read."""
+
+
+class SweepStateError(SlurmAgentError, RuntimeError):
+    """The sweep directory is missing, unreadable or not a slurmagent sweep."""
+
+
+class TaskFailedError(SlurmAgentError, RuntimeError):
+    """A task ended without a result; the message names its final state and reason."""
+
+
+def choices(values: Iterable[object]) -> str:
+    """Format a set of valid values for an error message: `a, b, c`."""
+    return ", ".join(sorted(str(v) for v in values)) or "(none)"

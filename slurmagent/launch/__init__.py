@@ -1,0 +1,1 @@
+"""Launching sweeps: the Hydra launcher, the backends, and what runs inside each job."""

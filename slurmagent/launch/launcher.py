@@ -1,0 +1,169 @@
+"""The slurmagent Hydra launcher: a sweep becomes job arrays, supervised to the end.
+
+1. Parse and validate every task's job spec (composing only the distinct override sets
+   that can change it) and check it against the cluster. Any error: nothing is submitted.
+2. Pickle the sweep context once; submit each group of tasks that share resources as one
+   submitit job array (split at the cluster's MaxArraySize, throttled with %N if asked).
+3. Record the sweep in sweep.json, then supervise with one status query per poll.
+4. Return Hydra JobReturns carrying each task's return value, like Hydra's own launchers.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from rich.console import Console
+
+from slurmagent.app import spec_dict
+from slurmagent.config import JobSpec, LauncherConf, job_spec, parse_conf, spec_key
+from slurmagent.errors import ConfigError, TaskFailedError
+from slurmagent.launch.backend import make_executor, resolve_backend
+from slurmagent.launch.runner import SweepRunner, TaskPayload, write_context
+from slurmagent.slurm.cluster import ClusterInfo, check_fits
+from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.supervise.state import Attempt, SweepState, SweepStore, TaskRecord
+from slurmagent.supervise.supervisor import Supervisor, sweep_table
+
+log = logging.getLogger(__name__)
+
+SPEC_ROOTS = ("cluster", "resources", "checkpoint", "recovery", "task", "hydra")
+
+
+def spec_relevant(override: str) -> bool:
+    """Can this override change the job spec? Group selections and spec keys can."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    if "." not in key:
+        return True  # a config group choice (model=big, +experiment=x) or a top-level value
+    return key.split(".", 1)[0] in SPEC_ROOTS
+
+
+def chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class ArrayLauncher(Launcher):
+    def __init__(self, **params: Any) -> None:
+        params.pop("_target_", None)
+        self.params = params
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+        self.slurm = SlurmCLI()
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    # -- step 1: specs ---------------------------------------------------------
+    def _specs(self, job_overrides: Sequence[Sequence[str]]) -> list[JobSpec]:
+        assert self.config is not None and self.hydra_context is not None
+        cache: dict[tuple[str, ...], JobSpec] = {}
+        specs: list[JobSpec] = []
+        for overrides in job_overrides:
+            key = tuple(o for o in overrides if spec_relevant(o))
+            if key not in cache:
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
+                try:
+                    cache[key] = job_spec(spec_dict(cfg))
+                except ConfigError as exc:
+                    raise ConfigError(f"{exc} (task overrides: {' '.join(overrides) or 'none'}); nothing was submitted") from None
+            specs.append(cache[key])
+        return specs
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        console = Console(stderr=True)
+        conf = parse_conf(LauncherConf, {k: v for k, v in self.params.items()}, "hydra.launcher")
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+
+        specs = self._specs(job_overrides)
+        choices = {s.cluster for s in specs}
+        if len(choices) > 1:
+            raise ConfigError(f"cluster differs between tasks of one sweep ({', '.join(sorted(choices))}); sweep it separately")
+        backend = resolve_backend(specs[0].cluster, self.slurm)
+        max_array = conf.max_array_size
+        if backend == "slurm":
+            info = ClusterInfo.query(self.slurm)
+            for spec in {spec_key(s.resources): s for s in specs}.values():
+                try:
+                    check_fits(spec.resources, info)
+                except ConfigError as exc:
+                    raise ConfigError(f"{exc}; nothing was submitted") from None
+            max_array = max_array or info.max_array_size
+        else:
+            for spec in specs:
+                if spec.resources.nodes > 1:
+                    raise ConfigError(
+                        f"resources.nodes={spec.resources.nodes}: the local backend runs on one machine; use a Slurm "
+                        "cluster for multi-node jobs; nothing was submitted"
+                    )
+        max_array = max_array or 1001
+
+        # -- step 2: context + submission ----------------------------------------------
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        folder = sweep_dir / ".submitit"
+        config = copy.deepcopy(self.config)
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.sweep.dir = str(sweep_dir)
+        ctx_path = sweep_dir / ".slurmagent" / f"context-{initial_job_idx}.pkl"
+        write_context(ctx_path, self.hydra_context, self.task_function, config, Singleton.get_state())
+        runner = SweepRunner(str(ctx_path), backend, str(sweep_dir))
+
+        groups: dict[str, tuple[JobSpec, list[TaskPayload]]] = {}
+        for i, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=True)):
+            groups.setdefault(spec_key(spec), (spec, []))[1].append(TaskPayload(initial_job_idx + i, tuple(overrides)))
+        t0 = time.monotonic()
+        records: list[TaskRecord] = []
+        array_ids: list[str] = []
+        name = str(self.config.hydra.job.name)
+        for spec, payloads in groups.values():
+            for part in chunks(payloads, max_array):
+                executor = make_executor(backend, folder, spec, conf, len(part), name)
+                jobs = executor.map_array(runner, part)
+                now = time.time()
+                for payload, job in zip(part, jobs, strict=True):
+                    records.append(TaskRecord(payload.index, list(payload.overrides), [Attempt(str(job.job_id), now)]))
+                if backend == "slurm" and jobs:
+                    array_ids.append(str(jobs[0].job_id).split("_")[0])
+        records.sort(key=lambda r: r.index)
+        store = SweepStore(sweep_dir)
+        if store.exists():  # a later batch of the same sweep (e.g. an adaptive sweeper)
+            store.update(lambda st: (st.tasks.extend(records), st.array_ids.extend(array_ids)))
+        else:
+            store.create(SweepState(str(sweep_dir), backend, str(folder), time.time(), records, array_ids))
+        console.print(
+            f"[slurmagent] {len(records)} task(s) submitted to {backend} as {len(array_ids) or len(records)} "
+            f"{'array(s) ' + ', '.join(array_ids) if array_ids else 'local process(es)'} in "
+            f"{time.monotonic() - t0:.2f}s; sweep dir {sweep_dir}\n"
+            f"[slurmagent] if this launcher dies: slurmagent watch {sweep_dir}"
+        )
+
+        # -- step 3: supervise ---------------------------------------------------------
+        sup = Supervisor(sweep_dir, self.slurm, conf.poll_interval_s, conf.max_poll_interval_s, console)
+        state = sup.wait()
+        console.print(sweep_table(state))
+        return [self._job_return(task, sup.results.get(task.index), config) for task in state.tasks
+                if task.index in {r.index for r in records}]
+
+    @staticmethod
+    def _job_return(task: TaskRecord, raw: Any, config: DictConfig) -> JobReturn:
+        if isinstance(raw, JobReturn) and task.state == "COMPLETED":
+            return raw
+        ret = JobReturn(overrides=task.overrides, status=JobStatus.FAILED)
+        ret.cfg = OmegaConf.create({})
+        ret.return_value = TaskFailedError(f"task {task.index} ({' '.join(task.overrides)}): {task.error}")
+        del config
+        return ret

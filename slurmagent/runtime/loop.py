@@ -1,0 +1,146 @@
+"""The step loop: restore, iterate, checkpoint every N steps, stop cleanly on a signal.
+
+Signal handlers only set a flag (`StopFlag`); the checkpoint is written at the next step
+boundary, never inside the handler. After the stop checkpoint the loop raises
+`StopForRequeue`, which the job wrapper turns into a requeue (or, when Slurm is already
+requeueing the job, a plain exit).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Protocol
+
+from slurmagent.config import CheckpointConf
+from slurmagent.runtime.checkpoint import CheckpointManager
+from slurmagent.runtime.context import JobContext
+
+log = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class StopForRequeue(SystemExit):  # noqa: N818 - it is a controlled exit, not an error
+    """Raised by the loop after a signal-triggered checkpoint: the job should end now."""
+
+    def __init__(self, signum: int, step: int) -> None:
+        self.signum = signum
+        self.step = step
+        super().__init__(0)
+
+
+@dataclass
+class StopFlag:
+    """Set by signal handlers; read at step boundaries."""
+
+    signum: int | None = None
+    received_at: float | None = None
+    history: list[int] = field(default_factory=list)
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        self.history.append(signum)
+        if signum == signal.SIGCONT:
+            return  # Slurm sends SIGCONT with SIGTERM at preemption; nothing to do on its own
+        if self.signum is None:
+            self.signum = signum
+            self.received_at = time.monotonic()
+
+    @property
+    def set(self) -> bool:
+        return self.signum is not None
+
+
+def install_handlers(flag: StopFlag, signals: list[int]) -> dict[int, Any]:
+    """Point `signals` at the flag; returns the previous handlers for restoring."""
+    previous: dict[int, Any] = {}
+    for sig in signals:
+        previous[sig] = signal.signal(sig, flag.handler)
+    return previous
+
+
+def signal_number(name: str) -> int:
+    return int(getattr(signal, f"SIG{name}"))
+
+
+class StepLoop:
+    """`for step in loop:` yields the steps still to run, checkpointing as configured.
+
+    On entry it restores the newest valid checkpoint into `state` (or starts fresh), so
+    `loop.start_step` is where this attempt begins. `loop.report(**metrics)` records
+    metrics; `loop.metrics` keeps the last ones.
+    """
+
+    def __init__(self, ctx: JobContext, state: Stateful, total_steps: int, conf: CheckpointConf | None = None,
+                 stop_signals: tuple[str, ...] = ("USR2", "TERM"), clock: Callable[[], float] = time.monotonic,
+                 install_signal_handlers: bool = True, is_writer: bool | None = None) -> None:
+        self.ctx = ctx
+        self.state = state
+        self.total_steps = total_steps
+        self.conf = conf or CheckpointConf()
+        self.manager = CheckpointManager(ctx.checkpoint_dir, keep_last=self.conf.keep_last)
+        self.flag = StopFlag()
+        self._clock = clock
+        self._signals = [signal_number(s) for s in stop_signals] + [signal.SIGCONT]
+        self._install = install_signal_handlers
+        self.is_writer = ctx.rank == 0 if is_writer is None else is_writer
+        self.metrics: dict[str, float] = {}
+        self.start_step = 0
+        self.restored_from: int | None = None
+        self._last_save = clock()
+        self.step = 0
+
+    def restore(self) -> int:
+        found = self.manager.latest()
+        if found is None:
+            self.start_step = 0
+            return 0
+        entry, payload = found
+        self.state.load_state_dict(payload["state"])
+        self.metrics = dict(payload.get("metrics", {}))
+        self.start_step = self.restored_from = entry.step
+        log.info("resumed from checkpoint at step %d (%s)", entry.step, entry.file)
+        return entry.step
+
+    def save(self, step: int) -> None:
+        if self.is_writer:
+            self.manager.save(step, {"state": self.state.state_dict(), "metrics": self.metrics, "step": step})
+        self._last_save = self._clock()
+
+    def report(self, **metrics: float) -> None:
+        self.metrics.update({k: float(v) for k, v in metrics.items()})
+
+    def _due(self, done: int) -> bool:
+        if self.conf.every_steps and done % self.conf.every_steps == 0:
+            return True
+        return bool(self.conf.every_seconds and self._clock() - self._last_save >= self.conf.every_seconds)
+
+    def __iter__(self) -> Iterator[int]:
+        previous = install_handlers(self.flag, self._signals) if self._install else {}
+        try:
+            self.restore()
+            for step in range(self.start_step, self.total_steps):
+                self.step = step
+                yield step
+                done = step + 1
+                if self.flag.set:
+                    self.save(done)
+                    log.warning("signal %s: checkpointed at step %d, stopping for requeue", self.flag.signum, done)
+                    raise StopForRequeue(int(self.flag.signum or 0), done)
+                if done < self.total_steps and self._due(done):
+                    self.save(done)
+            self.step = self.total_steps
+            if self.total_steps > self.start_step or self.restored_from is None:
+                self.save(self.total_steps)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

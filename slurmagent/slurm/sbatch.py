@@ -1,0 +1,104 @@
+"""One source of truth: ResourcesConf → sbatch long options.
+
+Both the submitit path and the rendered sbatch templates use `sbatch_flags`, so what a
+person reads in a rendered script is what the launcher submits.
+"""
+
+from __future__ import annotations
+
+from slurmagent.config import RecoveryConf, ResourcesConf, slurm_time_to_seconds
+from slurmagent.errors import ConfigError, choices
+
+# sbatch long options that `resources.extra` may set. Options that ResourcesConf owns
+# (partition, mem, gres…) are refused there so that one value has one place.
+SBATCH_EXTRA_OPTIONS = frozenset(
+    {
+        "begin",
+        "chdir",
+        "comment",
+        "contiguous",
+        "cores-per-socket",
+        "cpu-freq",
+        "deadline",
+        "dependency",
+        "distribution",
+        "exclusive",
+        "gpu-bind",
+        "gpu-freq",
+        "hint",
+        "licenses",
+        "mail-type",
+        "mail-user",
+        "mem-bind",
+        "mincpus",
+        "network",
+        "nice",
+        "nodelist",
+        "open-mode",
+        "power",
+        "prefer",
+        "priority",
+        "profile",
+        "reservation",
+        "sockets-per-node",
+        "spread-job",
+        "switches",
+        "threads-per-core",
+        "tmp",
+        "uid",
+        "wckey",
+    }
+)
+
+OWNED = ("partition", "nodes", "ntasks-per-node", "cpus-per-task", "mem", "gres", "time", "qos", "account",
+         "constraint", "exclude", "signal", "requeue", "array", "output", "error", "job-name")
+
+
+def time_to_minutes(text: str) -> int:
+    """Slurm time → whole minutes (rounded up), the unit submitit takes."""
+    return -(-slurm_time_to_seconds(text) // 60)
+
+
+def gres_string(res: ResourcesConf) -> str | None:
+    if res.gpus <= 0:
+        return None
+    return f"gpu:{res.gpu_type}:{res.gpus}" if res.gpu_type else f"gpu:{res.gpus}"
+
+
+def sbatch_flags(res: ResourcesConf) -> dict[str, str]:
+    """Long option name (without --) → value, in a stable order."""
+    flags: dict[str, str] = {}
+    if res.partition:
+        flags["partition"] = res.partition
+    flags["nodes"] = str(res.nodes)
+    flags["ntasks-per-node"] = str(res.tasks_per_node)
+    flags["cpus-per-task"] = str(res.cpus_per_task)
+    if res.mem:
+        flags["mem"] = res.mem
+    gres = gres_string(res)
+    if gres:
+        flags["gres"] = gres
+    flags["time"] = res.time
+    for key in ("qos", "account", "constraint", "exclude"):
+        value = getattr(res, key)
+        if value:
+            flags[key] = str(value)
+    for key, value in res.extra.items():
+        name = key.replace("_", "-")
+        if name in OWNED:
+            raise ConfigError(
+                f"resources.extra.{key} duplicates a setting slurmagent owns; set it through "
+                f"resources.* (valid keys of resources.extra: {choices(SBATCH_EXTRA_OPTIONS)})"
+            )
+        if name not in SBATCH_EXTRA_OPTIONS:
+            raise ConfigError(
+                f"unknown sbatch option resources.extra.{key}; valid keys: {choices(SBATCH_EXTRA_OPTIONS)}"
+            )
+        flags[name] = str(value)
+    return flags
+
+
+def signal_flag(recovery: RecoveryConf, batch_shell: bool) -> str:
+    """--signal value: `B:` sends it to the batch shell only; without, to the job steps."""
+    prefix = "B:" if batch_shell else ""
+    return f"{prefix}{recovery.signal}@{recovery.signal_delay_s}"

@@ -1,0 +1,162 @@
+"""The one seam to Slurm: every sbatch/squeue/sacct/scontrol/scancel call of slurmagent
+goes through `SlurmCLI.run`, as an argument vector (never a shell).
+
+Parsing lives in pure functions (`parse_*`) so it is tested on recorded output.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
+
+ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo"})
+
+Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def _default_runner(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    """The state of one job or array task as Slurm accounting reports it."""
+
+    job_id: str  # "123" or "123_4" for an array task
+    state: str  # COMPLETED, FAILED, OUT_OF_MEMORY, TIMEOUT, NODE_FAIL, PREEMPTED, RUNNING, PENDING…
+    exit_code: str  # "0:0" (code:signal)
+    reason: str  # scheduler reason or "None"
+    nodes: str  # node list
+    restarts: int  # requeue count as far as known (0 when not reported)
+
+
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+)
+
+
+class SlurmCLI:
+    """Runs Slurm commands. `calls` counts them by command, for benchmarks and tests."""
+
+    def __init__(self, runner: Runner | None = None, timeout: float = 60.0) -> None:
+        self._runner = runner or _default_runner
+        self._timeout = timeout
+        self.calls: dict[str, int] = {}
+
+    def run(self, argv: Sequence[str], check: bool = True) -> str:
+        argv = [str(a) for a in argv]
+        if argv[0] not in ALLOWED_COMMANDS:
+            raise SlurmCommandError(argv, -1, f"{argv[0]!r} is not a Slurm command slurmagent may run")
+        self.calls[argv[0]] = self.calls.get(argv[0], 0) + 1
+        try:
+            proc = self._runner(argv, self._timeout)
+        except FileNotFoundError:
+            raise SlurmUnavailableError(f"{argv[0]} not found on PATH: this machine has no Slurm client") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmCommandError(argv, -1, f"timed out after {self._timeout:.0f}s") from None
+        if check and proc.returncode != 0:
+            raise SlurmCommandError(argv, proc.returncode, proc.stderr or proc.stdout)
+        return proc.stdout
+
+    # -- availability ---------------------------------------------------------------
+    def available(self) -> bool:
+        """True when Slurm's commands exist and the controller answers."""
+        if shutil.which("sinfo") is None:
+            return False
+        try:
+            self.run(["sinfo", "-h", "-o", "%P"])
+        except (SlurmCommandError, SlurmUnavailableError):
+            return False
+        return True
+
+    # -- queries --------------------------------------------------------------------
+    def config_value(self, key: str) -> str | None:
+        return parse_scontrol_config(self.run(["scontrol", "show", "config"])).get(key)
+
+    def statuses(self, job_ids: Iterable[str]) -> dict[str, TaskStatus]:
+        """One sacct call for many jobs (array ids expand to their tasks)."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        out = self.run(
+            [
+                "sacct",
+                "-X",
+                "-n",
+                "--parsable2",
+                "--duplicates",
+                "-j",
+                ",".join(ids),
+                "-o",
+                "JobID,State,ExitCode,Reason,NodeList",
+            ]
+        )
+        return parse_sacct(out)
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        ids = sorted(set(job_ids))
+        if ids:
+            self.run(["scancel", *ids])
+
+    def requeue(self, job_id: str) -> None:
+        self.run(["scontrol", "requeue", job_id])
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(interval)
+        return False
+
+
+def parse_scontrol_config(text: str) -> dict[str, str]:
+    """`scontrol show config` → {key: value}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if " = " in line:
+            key, _, value = line.partition(" = ")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_sacct(text: str) -> dict[str, TaskStatus]:
+    """`sacct -X -n --parsable2 --duplicates -o JobID,State,ExitCode,Reason,NodeList`.
+
+    With --duplicates a requeued job has one row per run; the last row is the current one.
+    Pending array ranges (`123_[4-9]`) are expanded; the state word is the first token
+    (`CANCELLED by 0` → CANCELLED).
+    """
+    result: dict[str, TaskStatus] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 5:
+            continue
+        job_id, state, exit_code, reason, nodes = parts[:5]
+        restarts = int(parts[5]) if len(parts) > 5 and parts[5].isdigit() else 0
+        word = state.split()[0] if state.strip() else "UNKNOWN"
+        for jid in expand_array_id(job_id.strip()):
+            prev = result.get(jid)
+            result[jid] = TaskStatus(jid, word, exit_code, reason, nodes, max(restarts, prev.restarts if prev else 0))
+    return result
+
+
+def expand_array_id(job_id: str) -> list[str]:
+    """`123_[0-3,7%2]` → ['123_0', …, '123_3', '123_7']; other ids unchanged."""
+    if "_[" not in job_id:
+        return [job_id]
+    base, _, rng = job_id.partition("_[")
+    rng = rng.rstrip("]").split("%")[0]
+    ids: list[str] = []
+    for part in rng.split(","):
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            ids.extend(f"{base}_{i}" for i in range(int(lo), int(hi) + 1))
+        elif part:
+            ids.append(f"{base}_{part}")
+    return ids

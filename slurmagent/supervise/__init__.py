@@ -1,0 +1,6 @@
+"""Supervision from the login node: sweep state on disk and the batched poll loop."""
+
+from slurmagent.supervise.state import Attempt, SweepState, SweepStore, TaskRecord
+from slurmagent.supervise.supervisor import Supervisor, sweep_table
+
+__all__ = ["Attempt", "Supervisor", "SweepState", "SweepStore", "TaskRecord", "sweep_table"]

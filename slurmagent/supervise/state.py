@@ -1,0 +1,135 @@
+"""The sweep's state on disk: `sweep.json` in the sweep directory, changed only under a
+filelock lock and written atomically, so a killed launcher loses nothing and `slurmagent
+watch` can pick the sweep up again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from slurmagent.errors import SweepStateError
+from slurmagent.runtime.checkpoint import atomic_write
+
+STATE_FILE = "sweep.json"
+LOCK_FILE = ".sweep.lock"
+DONE_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                         "BOOT_FAIL", "DEADLINE", "LOST"})
+
+
+@dataclass
+class Attempt:
+    job_id: str  # Slurm job id ("123_4") or local pid
+    submitted_at: float  # unix time
+    state: str = "PENDING"  # last state seen
+    reason: str = ""  # why it ended, when it did not complete
+    nodes: str = ""  # where it ran
+    restarts: int = 0  # Slurm requeues of this job
+
+
+@dataclass
+class TaskRecord:
+    index: int  # Hydra job num
+    overrides: list[str]  # the task's own overrides
+    attempts: list[Attempt] = field(default_factory=list)
+    state: str = "PENDING"  # state of the latest attempt
+    result: Any = None  # JSON form of the return value, when it completed
+    error: str = ""  # failure summary: state, reason, last stderr lines
+
+    @property
+    def job_id(self) -> str | None:
+        return self.attempts[-1].job_id if self.attempts else None
+
+    @property
+    def done(self) -> bool:
+        return self.state in DONE_STATES
+
+
+@dataclass
+class SweepState:
+    sweep_dir: str
+    backend: str  # "slurm" or "local"
+    submitit_folder: str
+    created_at: float
+    tasks: list[TaskRecord]
+    array_ids: list[str] = field(default_factory=list)  # Slurm array job ids of the sweep
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return all(t.done for t in self.tasks)
+
+    def counts(self) -> dict[str, int]:
+        c: dict[str, int] = {}
+        for t in self.tasks:
+            c[t.state] = c.get(t.state, 0) + 1
+        return c
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SweepState:
+        tasks = [TaskRecord(**{**t, "attempts": [Attempt(**a) for a in t["attempts"]]}) for t in raw["tasks"]]
+        return cls(**{**raw, "tasks": tasks})
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+class SweepStore:
+    """Reads and changes a sweep's state file under its lock."""
+
+    def __init__(self, sweep_dir: str | Path) -> None:
+        self.dir = Path(sweep_dir)
+        self.path = self.dir / STATE_FILE
+        self.lock = FileLock(str(self.dir / LOCK_FILE), timeout=60)
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def create(self, state: SweepState) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            self._write(state)
+
+    def load(self) -> SweepState:
+        try:
+            raw = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            raise SweepStateError(f"{self.dir} is not a slurmagent sweep directory: no {STATE_FILE} in it") from None
+        except ValueError as exc:
+            raise SweepStateError(f"{self.path} is not valid JSON: {exc}") from None
+        return SweepState.from_json(raw)
+
+    def _write(self, state: SweepState) -> None:
+        for t in state.tasks:
+            t.result = _jsonable(t.result)
+        atomic_write(self.path, json.dumps(state.to_json(), indent=1).encode())
+
+    @contextmanager
+    def edit(self) -> Iterator[SweepState]:
+        """`with store.edit() as state:` — load, change, write back, all under the lock."""
+        with self.lock:
+            state = self.load()
+            yield state
+            if state.done and state.finished_at is None:
+                state.finished_at = time.time()
+            self._write(state)
+
+    def update(self, fn: Callable[[SweepState], None]) -> SweepState:
+        with self.edit() as state:
+            fn(state)
+        return state

@@ -1,0 +1,212 @@
+"""Supervision from the login node: one batched status query per poll interval for the
+whole sweep, results collected from submitit's result files, states kept in sweep.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from submitit.core.utils import JobPaths
+
+from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI, TaskStatus
+from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
+
+log = logging.getLogger(__name__)
+
+STDERR_TAIL = 15
+
+
+def job_paths(state: SweepState, job_id: str) -> JobPaths:
+    return JobPaths(state.submitit_folder, job_id=job_id, task_id=0)
+
+
+def read_result(path: Path) -> tuple[str, Any] | None:
+    """submitit's result pickle: ("success", value) or ("error", traceback text)."""
+    if not path.exists():
+        return None
+    try:
+        with open(path, "rb") as fh:
+            out = pickle.load(fh)  # noqa: S301 - written by our own jobs
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+    return out if isinstance(out, tuple) and len(out) == 2 else None
+
+
+def stderr_tail(state: SweepState, job_id: str, lines: int = STDERR_TAIL) -> str:
+    paths = job_paths(state, job_id)
+    for path in (paths.stderr, paths.stdout):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if text.strip():
+            return "\n".join(text.splitlines()[-lines:])
+    return ""
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def unwrap_return(value: Any) -> tuple[bool, Any, str]:
+    """(ok, return value, error text) from a Hydra JobReturn or a plain value."""
+    try:
+        from hydra.core.utils import JobReturn, JobStatus
+    except ImportError:  # pragma: no cover - hydra is a dependency
+        return True, value, ""
+    if isinstance(value, JobReturn):
+        if value.status == JobStatus.COMPLETED:
+            return True, value._return_value, ""
+        err = value._return_value
+        return False, None, f"{type(err).__name__}: {err}"
+    return True, value, ""
+
+
+class Supervisor:
+    def __init__(self, sweep_dir: str | Path, slurm: SlurmCLI | None = None, poll_interval_s: float = 2.0,
+                 max_poll_interval_s: float = 30.0, console: Console | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.store = SweepStore(sweep_dir)
+        self.slurm = slurm or SlurmCLI()
+        self.poll_interval_s = poll_interval_s
+        self.max_poll_interval_s = max_poll_interval_s
+        self.console = console or Console(stderr=True)
+        self._sleep = sleep
+        self._no_result_seen: dict[str, int] = {}
+        self.queries = 0
+        self.results: dict[int, Any] = {}  # index → raw return (JobReturn) read from pickles
+
+    # -- one poll ---------------------------------------------------------------
+    def _statuses(self, state: SweepState, pending: list[TaskRecord]) -> dict[str, TaskStatus]:
+        if state.backend == "slurm":
+            ids = {t.job_id.split("_")[0] for t in pending if t.job_id}
+            self.queries += 1
+            return self.slurm.statuses(ids)
+        out: dict[str, TaskStatus] = {}
+        for t in pending:
+            if t.job_id:
+                st = "RUNNING" if _pid_alive(t.job_id) else "EXITED"
+                out[t.job_id] = TaskStatus(t.job_id, st, "", "", os.uname().nodename, 0)
+        return out
+
+    def poll_once(self) -> bool:
+        """Update every unfinished task; True when something changed."""
+        changed = False
+        with self.store.edit() as state:
+            pending = [t for t in state.tasks if not t.done]
+            if not pending:
+                return False
+            statuses = self._statuses(state, pending)
+            for task in pending:
+                changed |= self._update_task(state, task, statuses)
+        return changed
+
+    def _update_task(self, state: SweepState, task: TaskRecord, statuses: dict[str, TaskStatus]) -> bool:
+        job_id = task.job_id
+        if job_id is None:
+            return False
+        attempt = task.attempts[-1]
+        before = (task.state, attempt.state)
+        res = read_result(job_paths(state, job_id).result_pickle)
+        status = statuses.get(job_id)
+        if status is not None:
+            attempt.state, attempt.nodes, attempt.restarts = status.state, status.nodes, status.restarts
+            attempt.reason = status.reason if status.reason not in ("None", "") else attempt.reason
+        if res is not None:
+            kind, value = res
+            ok, ret, err = unwrap_return(value) if kind == "success" else (False, None, str(value).strip())
+            self.results[task.index] = value if kind == "success" else None
+            if ok:
+                task.state, task.result, task.error = "COMPLETED", ret, ""
+            else:
+                task.state = "FAILED"
+                task.error = "FAILED: " + "\n".join(err.splitlines()[-STDERR_TAIL:])
+            attempt.state = task.state
+        elif status is not None and (status.state in TERMINAL_STATES or status.state == "EXITED"):
+            seen = self._no_result_seen.get(job_id, 0) + 1
+            self._no_result_seen[job_id] = seen
+            # the result file is written before the job ends; allow one poll for it to appear
+            if status.state not in ("COMPLETED", "EXITED") or seen >= 2:
+                word = status.state if status.state not in ("COMPLETED", "EXITED") else "FAILED"
+                task.state = word
+                why = f" ({status.reason})" if status.reason not in ("None", "") else ""
+                exit_info = f", exit {status.exit_code}" if status.exit_code else ""
+                tail = stderr_tail(state, job_id)
+                task.error = f"{word}{why}{exit_info}, no result" + (f"; last stderr lines:\n{tail}" if tail else "")
+        elif status is not None:
+            task.state = status.state
+        return (task.state, attempt.state) != before
+
+    # -- waiting ----------------------------------------------------------------------
+    def table(self, state: SweepState | None = None) -> Table:
+        return sweep_table(state or self.store.load())
+
+    def wait(self, live: bool | None = None, timeout_s: float | None = None) -> SweepState:
+        interval = self.poll_interval_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        live = self.console.is_terminal if live is None else live
+        last_counts: dict[str, int] = {}
+        with Live(self.table(), console=self.console, auto_refresh=False, transient=False) if live else _Null() as view:
+            while True:
+                changed = self.poll_once()
+                state = self.store.load()
+                if live:
+                    view.update(self.table(state), refresh=True)
+                elif state.counts() != last_counts:
+                    last_counts = state.counts()
+                    self.console.print(f"[sweep] {summary_line(state)}")
+                if state.done:
+                    return state
+                if deadline is not None and time.monotonic() > deadline:
+                    return state
+                interval = self.poll_interval_s if changed else min(interval * 1.5, self.max_poll_interval_s)
+                self._sleep(interval)
+
+
+class _Null:
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, *_a: object, **_k: object) -> None:
+        return None
+
+
+def summary_line(state: SweepState) -> str:
+    counts = state.counts()
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {len(state.tasks)})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    return text if len(text) < 40 else text[:37] + "..."
+
+
+def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
+    table = Table(title=f"sweep {state.sweep_dir} — {summary_line(state)}")
+    for col in ("#", "job", "state", "attempts", "overrides", "result / reason"):
+        table.add_column(col)
+    rows = sorted(state.tasks, key=lambda t: (t.state == "COMPLETED", t.index))[:max_rows]
+    for t in rows:
+        detail = _short(t.result) if t.state == "COMPLETED" else (t.error.splitlines()[0] if t.error else "")
+        table.add_row(str(t.index), t.job_id or "-", t.state, str(len(t.attempts)), " ".join(t.overrides), detail)
+    if len(state.tasks) > max_rows:
+        table.caption = f"{len(state.tasks) - max_rows} more rows; `slurmagent status --json` lists all"
+    return table
