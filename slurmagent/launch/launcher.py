@@ -148,7 +148,9 @@ class ArrayLauncher(Launcher):
             f"[slurmagent] {len(records)} task(s) submitted to {backend} as {len(array_ids) or len(records)} "
             f"{'array(s) ' + ', '.join(array_ids) if array_ids else 'local process(es)'} in "
             f"{time.monotonic() - t0:.2f}s; sweep dir {sweep_dir}\n"
-            f"[slurmagent] if this launcher dies: slurmagent watch {sweep_dir}"
+            f"[slurmagent] if this launcher dies: slurmagent watch {sweep_dir}",
+            markup=False,
+            highlight=False,
         )
 
         # -- step 3: supervise ---------------------------------------------------------

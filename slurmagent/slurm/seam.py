@@ -6,6 +6,7 @@ Parsing lives in pure functions (`parse_*`) so it is tested on recorded output.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -68,10 +69,16 @@ class SlurmCLI:
         """True when Slurm's commands exist and the controller answers."""
         if shutil.which("sinfo") is None:
             return False
+        conf = os.environ.get("SLURM_CONF")
+        if conf and not os.path.exists(conf):
+            return False  # Slurm's commands would retry a missing config file for 60 s
+        probe = SlurmCLI(self._runner, timeout=min(self._timeout, 15.0))
         try:
-            self.run(["sinfo", "-h", "-o", "%P"])
+            probe.run(["sinfo", "-h", "-o", "%P"])
         except (SlurmCommandError, SlurmUnavailableError):
             return False
+        finally:
+            self.calls["sinfo"] = self.calls.get("sinfo", 0) + 1
         return True
 
     # -- queries --------------------------------------------------------------------

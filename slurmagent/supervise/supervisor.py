@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 from submitit.core.utils import JobPaths
 
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI, TaskStatus
@@ -167,7 +168,7 @@ class Supervisor:
                     view.update(self.table(state), refresh=True)
                 elif state.counts() != last_counts:
                     last_counts = state.counts()
-                    self.console.print(f"[sweep] {summary_line(state)}")
+                    self.console.print(f"[sweep] {summary_line(state)}", markup=False, highlight=False)
                 if state.done:
                     return state
                 if deadline is not None and time.monotonic() > deadline:
@@ -195,18 +196,28 @@ def summary_line(state: SweepState) -> str:
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    text = str(value)
-    return text if len(text) < 40 else text[:37] + "..."
+    if isinstance(value, dict):
+        text = " ".join(f"{k}={_short(v)}" for k, v in list(value.items())[:3])
+    else:
+        text = str(value)
+    return text if len(text) < 48 else text[:45] + "..."
 
 
 def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
-    table = Table(title=f"sweep {state.sweep_dir} — {summary_line(state)}")
+    common = set.intersection(*(set(t.overrides) for t in state.tasks)) if len(state.tasks) > 1 else set()
+
+    def varying(overrides: list[str]) -> list[str]:
+        return [o for o in overrides if o not in common]
+
+    table = Table(title=Text(f"sweep {state.sweep_dir} — {summary_line(state)}"))
     for col in ("#", "job", "state", "attempts", "overrides", "result / reason"):
         table.add_column(col)
     rows = sorted(state.tasks, key=lambda t: (t.state == "COMPLETED", t.index))[:max_rows]
     for t in rows:
         detail = _short(t.result) if t.state == "COMPLETED" else (t.error.splitlines()[0] if t.error else "")
-        table.add_row(str(t.index), t.job_id or "-", t.state, str(len(t.attempts)), " ".join(t.overrides), detail)
+        # Text cells: overrides and errors are user data, never rich markup
+        cells = (str(t.index), t.job_id or "-", t.state, str(len(t.attempts)), " ".join(varying(t.overrides)), detail)
+        table.add_row(*(Text(c) for c in cells))
     if len(state.tasks) > max_rows:
         table.caption = f"{len(state.tasks) - max_rows} more rows; `slurmagent status --json` lists all"
     return table
