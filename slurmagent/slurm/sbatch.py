@@ -6,6 +6,8 @@ person reads in a rendered script is what the launcher submits.
 
 from __future__ import annotations
 
+import re
+
 from slurmagent.config import RecoveryConf, ResourcesConf, slurm_time_to_seconds
 from slurmagent.errors import ConfigError, choices
 
@@ -65,8 +67,31 @@ def gres_string(res: ResourcesConf) -> str | None:
     return f"gpu:{res.gpu_type}:{res.gpus}" if res.gpu_type else f"gpu:{res.gpus}"
 
 
+# What a value in an `#SBATCH --key=value` line may contain: sbatch reads these lines
+# itself (no shell), but whitespace, quotes and newlines would split or end the directive.
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*()]+$")
+
+
+def _check_value(key: str, value: str) -> str:
+    if not _SAFE_VALUE.match(value):
+        raise ConfigError(
+            f"resources.{key}={value!r} contains characters sbatch cannot take in a directive "
+            "(whitespace, quotes, $, `, ;, newlines…); use letters, digits and _ . / : @ % + = , - [ ] & | ! * ( )"
+        )
+    return value
+
+
 def sbatch_flags(res: ResourcesConf) -> dict[str, str]:
-    """Long option name (without --) → value, in a stable order."""
+    """Long option name (without --) → value, in a stable order. Values are checked to be
+    safe in an #SBATCH line; a bad one is a ConfigError naming the key."""
+    flags = _raw_flags(res)
+    keys = {"ntasks-per-node": "tasks_per_node", "cpus-per-task": "cpus_per_task", "gres": "gpu_type"}
+    for flag, value in flags.items():
+        _check_value(keys.get(flag, flag if hasattr(res, flag) else f"extra.{flag}"), value)
+    return flags
+
+
+def _raw_flags(res: ResourcesConf) -> dict[str, str]:
     flags: dict[str, str] = {}
     if res.partition:
         flags["partition"] = res.partition

@@ -1,0 +1,121 @@
+"""`slurmagent render`: a standalone sbatch script a person can read, edit and submit.
+
+The script and the resolved config land in one directory. Flags come from the same
+`sbatch_flags` as the launcher's; every value in the shell body is shell-quoted, and values
+in #SBATCH lines are restricted to characters sbatch reads literally.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from omegaconf import OmegaConf
+
+from slurmagent import __version__
+from slurmagent.config import JobSpec, job_spec
+from slurmagent.errors import ConfigError
+from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
+
+_DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    script: Path  # the sbatch script
+    config: Path  # the resolved config beside it
+    run_dir: Path  # where the job runs and writes checkpoints
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(
+            lambda name: resources.files("slurmagent.sbatch_templates").joinpath(name).read_text()
+        ),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # noqa: S701 - shell scripts, quoted by the `q` filter, not HTML
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["comment"] = lambda v: " ".join(str(x) for x in v).replace("\r", "\\r").replace("\n", "\\n")
+    return env
+
+
+def safe_job_name(name: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_.\-]", "_", name)[:64]
+    return cleaned or "slurmagent"
+
+
+def compose(overrides: list[str]) -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    with initialize_config_module(config_module="slurmagent.conf", version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def render(overrides: list[str], out_dir: Path, mode: str | None = None, python: str | None = None) -> Rendered:
+    cfg = compose(overrides)
+    from slurmagent.app import spec_dict
+
+    spec: JobSpec = job_spec(spec_dict(cfg))
+    mode = mode or ("command" if spec.task.command else "python")
+    if mode == "command" and not spec.task.command:
+        raise ConfigError("--mode command needs task.command (a command line as a list); this config has task.target")
+    flags = sbatch_flags(spec.resources)  # raises on values sbatch would not read literally
+    run_dir = out_dir.absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
+    output = str(run_dir / "slurm-%j.out")
+    output_line = f'"{output}"' if _DIRECTIVE_SAFE.match(output) else None
+
+    # the resolved config, with hydra.run.dir set here (YAML-quoted, never on a command line)
+    body = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(body, dict)
+    body["hydra"] = {"run": {"dir": str(run_dir)}, "job": {"chdir": False}, "output_subdir": ".hydra"}
+    config_path = run_dir / "config.yaml"
+    tmp = config_path.with_suffix(".yaml.tmp")
+    tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(body)))
+    tmp.replace(config_path)
+
+    name = safe_job_name(str(cfg.get("name", "") or _experiment_name(overrides)))
+    text = _env().get_template("job.sbatch.j2").render(
+        version=__version__,
+        script_name="job.sbatch",
+        overrides=overrides,
+        mode=mode,
+        job_name=name,
+        flags=flags,
+        signal=signal_flag(spec.recovery, batch_shell=(mode == "command")),
+        output=output_line,
+        run_dir=str(run_dir),
+        checkpoint_dir=str(ckpt),
+        python=python or sys.executable,
+        command=spec.task.command or [],
+    )
+    script = run_dir / "job.sbatch"
+    tmp_script = script.with_suffix(".sbatch.tmp")
+    tmp_script.write_text(text)
+    tmp_script.chmod(0o755)
+    tmp_script.replace(script)
+    return Rendered(script, config_path, run_dir)
+
+
+def _experiment_name(overrides: list[str]) -> str:
+    for o in overrides:
+        if o.lstrip("+").startswith("experiment="):
+            return o.split("=", 1)[1]
+    return "slurmagent"
+
+
+def render_cli(output: Path | None, overrides: list[str], mode: str | None) -> int:
+    out = output or Path("render") / safe_job_name(_experiment_name(overrides))
+    rendered = render(overrides, out, mode)
+    print(f"wrote {rendered.script}\nwrote {rendered.config}\nsubmit with: sbatch {shlex.quote(str(rendered.script))}")
+    return 0
