@@ -39,8 +39,11 @@ def _output_dir() -> Path:
 
 def spec_dict(cfg: DictConfig) -> dict[str, Any]:
     keys = ("cluster", "resources", "checkpoint", "recovery", "task")
-    out = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
-           for k in keys if k in cfg}
+    out = {
+        k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
+        for k in keys
+        if k in cfg
+    }
     return out
 
 
@@ -100,8 +103,11 @@ def handle_stop(ctx: JobContext, stop: StopForRequeue) -> None:
     except SlurmAgentError:
         state = ""
     if stop.signum == signal.SIGTERM or (state and state != "RUNNING"):
-        log.warning("stopped at step %d: Slurm is ending this job (state %s); it requeues preempted jobs itself",
-                    stop.step, state or "unknown")
+        log.warning(
+            "stopped at step %d: Slurm is ending this job (state %s); it requeues preempted jobs itself",
+            stop.step,
+            state or "unknown",
+        )
         return
     log.warning("stopped at step %d on signal %d: requeueing %s", stop.step, stop.signum, ctx.slurm_requeue_id)
     slurm.requeue(ctx.slurm_requeue_id)
@@ -120,7 +126,7 @@ def run_command(argv: list[str], ctx: JobContext) -> Any:
     env = dict(os.environ, **ctx.to_env())
     err_path = ctx.output_dir / "command.stderr"
     with open(err_path, "ab") as err:
-        proc = subprocess.Popen(argv, env=env, stderr=err, cwd=ctx.output_dir)  # noqa: S603 - argv, no shell
+        proc = subprocess.Popen(argv, env=env, stderr=err, cwd=ctx.output_dir)
         previous = {sig: signal.signal(sig, lambda s, _f: proc.send_signal(s)) for sig in FORWARDED}
         try:
             code = proc.wait()

@@ -8,6 +8,7 @@ Returns an exit code: 0 ok, 1 a task or command failed, 2 bad input (nothing was
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -48,8 +49,26 @@ def _hydra(argv: list[str]) -> int:
     return EXIT_OK
 
 
-_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
-                     "--config-dir", "-cd", "--experimental-rerun", "--info", "-i", "--shell-completion", "-sc"}
+_FLAGS_WITH_VALUE = {
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+    "--info",
+    "-i",
+    "--shell-completion",
+    "-sc",
+}
+
+
+_INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
 def hoist_flags(argv: list[str]) -> list[str]:
@@ -62,10 +81,10 @@ def hoist_flags(argv: list[str]) -> list[str]:
             flags.append(a)
             takes = a in _FLAGS_WITH_VALUE and a not in ("--info", "-i", "--shell-completion", "-sc")
             optional = a in ("--info", "-i")
-            if (takes or optional) and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-                if takes or argv[i + 1] in ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"):
-                    flags.append(argv[i + 1])
-                    i += 1
+            has_next = i + 1 < len(argv) and not argv[i + 1].startswith("-")
+            if has_next and (takes or (optional and argv[i + 1] in _INFO_CHOICES)):
+                flags.append(argv[i + 1])
+                i += 1
         else:
             rest.append(a)
         i += 1
@@ -89,8 +108,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             "counts": state.counts(),
             "done": state.done,
             "tasks": [
-                {"index": t.index, "overrides": t.overrides, "state": t.state, "job_id": t.job_id,
-                 "attempts": [a.__dict__ for a in t.attempts], "result": t.result, "error": t.error}
+                {
+                    "index": t.index,
+                    "overrides": t.overrides,
+                    "state": t.state,
+                    "job_id": t.job_id,
+                    "attempts": [a.__dict__ for a in t.attempts],
+                    "result": t.result,
+                    "error": t.error,
+                }
                 for t in state.tasks
             ],
         }
@@ -109,8 +135,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     state = sup.wait(timeout_s=args.timeout)
     Console().print(sweep_table(state))
     if not state.done:
-        print(f"slurmagent: watch timed out with {sum(not t.done for t in state.tasks)} task(s) unfinished",
-              file=sys.stderr)
+        print(
+            f"slurmagent: watch timed out with {sum(not t.done for t in state.tasks)} task(s) unfinished",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     return EXIT_OK if all(t.state == "COMPLETED" for t in state.tasks) else EXIT_FAILED
 
@@ -126,16 +154,23 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             SlurmCLI().cancel(state.array_ids)
         else:
             for t in live:
-                if t.job_id and t.job_id.isdigit():
-                    try:
-                        os.kill(int(t.job_id), signal.SIGTERM)  # a local task process this sweep started
-                    except ProcessLookupError:
-                        pass
+                if t.job_id and _is_our_local_task(t.job_id):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(t.job_id), signal.SIGTERM)
         for t in live:
             t.state = "CANCELLED"
             t.error = "CANCELLED by slurmagent cancel"
     print(f"cancelled {len(live)} unfinished task(s) of {args.sweep_dir}")
     return EXIT_OK
+
+
+def _is_our_local_task(pid: str) -> bool:
+    """True only if `pid` still runs a submitit task (a pid may have been reused since)."""
+    try:
+        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return False
+    return b"submitit" in cmdline
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -168,11 +203,20 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     r = sub.add_parser("render", help="write a standalone sbatch script from sbatch_templates/")
     r.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=digits_mlp optim.lr=1e-3")
     r.add_argument("-o", "--output", type=Path, default=None, help="directory to write into (default: ./render/<name>)")
-    r.add_argument("--mode", choices=("python", "command"), default=None,
-                   help="how the job starts: through slurmagent's runtime (python) or the task's command line")
+    r.add_argument(
+        "--mode",
+        choices=("python", "command"),
+        default=None,
+        help="how the job starts: through slurmagent's runtime (python) or the task's command line",
+    )
     sub.add_parser("version", help="print the version")
-    handlers = {"status": cmd_status, "watch": cmd_watch, "cancel": cmd_cancel, "render": cmd_render,
-                "version": cmd_version}
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "status": cmd_status,
+        "watch": cmd_watch,
+        "cancel": cmd_cancel,
+        "render": cmd_render,
+        "version": cmd_version,
+    }
     return p, handlers
 
 

@@ -119,8 +119,10 @@ def parse_conf(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
         if isinstance(value, float) and hints[key] is int and value.is_integer():
             data[key] = int(value)
             value = data[key]
-        if isinstance(value, list) and _type_ok(["x"], hints[key]) and all(
-            isinstance(v, (str, int, float)) for v in value
+        if (
+            isinstance(value, list)
+            and _type_ok(["x"], hints[key])
+            and all(isinstance(v, (str, int, float)) for v in value)
         ):
             # command lines: Hydra reads `--epochs,3` as an int; argv elements are strings
             data[key] = value = [str(v) for v in value]

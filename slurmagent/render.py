@@ -39,7 +39,7 @@ def _env() -> jinja2.Environment:
             lambda name: resources.files("slurmagent.sbatch_templates").joinpath(name).read_text()
         ),
         undefined=jinja2.StrictUndefined,
-        autoescape=False,  # noqa: S701 - shell scripts, quoted by the `q` filter, not HTML
+        autoescape=False,
         keep_trailing_newline=True,
     )
     env.filters["q"] = lambda v: shlex.quote(str(v))
@@ -85,19 +85,23 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
     tmp.replace(config_path)
 
     name = safe_job_name(str(cfg.get("name", "") or _experiment_name(overrides)))
-    text = _env().get_template("job.sbatch.j2").render(
-        version=__version__,
-        script_name="job.sbatch",
-        overrides=overrides,
-        mode=mode,
-        job_name=name,
-        flags=flags,
-        signal=signal_flag(spec.recovery, batch_shell=(mode == "command")),
-        output=output_line,
-        run_dir=str(run_dir),
-        checkpoint_dir=str(ckpt),
-        python=python or sys.executable,
-        command=spec.task.command or [],
+    text = (
+        _env()
+        .get_template("job.sbatch.j2")
+        .render(
+            version=__version__,
+            script_name="job.sbatch",
+            overrides=overrides,
+            mode=mode,
+            job_name=name,
+            flags=flags,
+            signal=signal_flag(spec.recovery, batch_shell=(mode == "command")),
+            output=output_line,
+            run_dir=str(run_dir),
+            checkpoint_dir=str(ckpt),
+            python=python or sys.executable,
+            command=spec.task.command or [],
+        )
     )
     script = run_dir / "job.sbatch"
     tmp_script = script.with_suffix(".sbatch.tmp")

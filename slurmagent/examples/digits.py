@@ -76,8 +76,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     model.eval()
     with torch.no_grad():
         acc = (model(x_val).argmax(1) == y_val).float().mean().item()
-    result = {"val_acc": round(acc, 6), "loss": round(loop.metrics.get("loss", float("nan")), 6),
-              "steps": steps, "resumed_from": loop.restored_from, "attempt": ctx.attempt,
-              "state_hash": state_hash(model)}
+    result = {
+        "val_acc": round(acc, 6),
+        "loss": round(loop.metrics.get("loss", float("nan")), 6),
+        "steps": steps,
+        "resumed_from": loop.restored_from,
+        "attempt": ctx.attempt,
+        "state_hash": state_hash(model),
+    }
     log.info("digits_mlp done: %s", result)
     return result

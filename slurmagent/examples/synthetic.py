@@ -41,5 +41,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             time.sleep(step_time)
         state.digest = hashlib.sha256(f"{state.digest}:{step}".encode()).hexdigest()
         state.steps_run += 1
-    return {"steps": steps, "digest": state.digest, "resumed_from": loop.restored_from, "attempt": ctx.attempt,
-            "steps_run_here": state.steps_run}
+    return {
+        "steps": steps,
+        "digest": state.digest,
+        "resumed_from": loop.restored_from,
+        "attempt": ctx.attempt,
+        "steps_run_here": state.steps_run,
+    }

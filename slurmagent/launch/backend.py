@@ -13,8 +13,18 @@ from slurmagent.errors import SlurmUnavailableError
 from slurmagent.slurm.sbatch import sbatch_flags, time_to_minutes
 from slurmagent.slurm.seam import SlurmCLI
 
-SUBMITIT_NAMED = {"partition", "nodes", "ntasks_per_node", "cpus_per_task", "mem", "gres", "qos", "account",
-                  "constraint", "exclude"}
+SUBMITIT_NAMED = {
+    "partition",
+    "nodes",
+    "ntasks_per_node",
+    "cpus_per_task",
+    "mem",
+    "gres",
+    "qos",
+    "account",
+    "constraint",
+    "exclude",
+}
 
 
 def resolve_backend(choice: str, slurm: SlurmCLI) -> str:
@@ -49,8 +59,9 @@ def slurm_parameters(spec: JobSpec, launcher: LauncherConf, array_size: int, job
     return params
 
 
-def make_executor(backend: str, folder: Path, spec: JobSpec, launcher: LauncherConf, array_size: int,
-                  job_name: str) -> submitit.Executor:
+def make_executor(
+    backend: str, folder: Path, spec: JobSpec, launcher: LauncherConf, array_size: int, job_name: str
+) -> submitit.Executor:
     if backend == "slurm":
         slurm_ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.recovery.max_attempts)
         slurm_ex.update_parameters(**slurm_parameters(spec, launcher, array_size, job_name))

@@ -77,7 +77,9 @@ class ArrayLauncher(Launcher):
                 try:
                     cache[key] = job_spec(spec_dict(cfg))
                 except ConfigError as exc:
-                    raise ConfigError(f"{exc} (task overrides: {' '.join(overrides) or 'none'}); nothing was submitted") from None
+                    raise ConfigError(
+                        f"{exc} (task overrides: {' '.join(overrides) or 'none'}); nothing was submitted"
+                    ) from None
             specs.append(cache[key])
         return specs
 
@@ -92,7 +94,9 @@ class ArrayLauncher(Launcher):
         specs = self._specs(job_overrides)
         choices = {s.cluster for s in specs}
         if len(choices) > 1:
-            raise ConfigError(f"cluster differs between tasks of one sweep ({', '.join(sorted(choices))}); sweep it separately")
+            raise ConfigError(
+                f"cluster differs between tasks of one sweep ({', '.join(sorted(choices))}); sweep it separately"
+            )
         backend = resolve_backend(specs[0].cluster, self.slurm)
         max_array = conf.max_array_size
         if backend == "slurm":
@@ -141,7 +145,9 @@ class ArrayLauncher(Launcher):
         records.sort(key=lambda r: r.index)
         store = SweepStore(sweep_dir)
         if store.exists():  # a later batch of the same sweep (e.g. an adaptive sweeper)
-            store.update(lambda st: (st.tasks.extend(records), st.array_ids.extend(array_ids)))
+            with store.edit() as existing:
+                existing.tasks.extend(records)
+                existing.array_ids.extend(array_ids)
         else:
             store.create(SweepState(str(sweep_dir), backend, str(folder), time.time(), records, array_ids))
         console.print(
@@ -157,8 +163,11 @@ class ArrayLauncher(Launcher):
         sup = Supervisor(sweep_dir, self.slurm, conf.poll_interval_s, conf.max_poll_interval_s, console)
         state = sup.wait()
         console.print(sweep_table(state))
-        return [self._job_return(task, sup.results.get(task.index), config) for task in state.tasks
-                if task.index in {r.index for r in records}]
+        return [
+            self._job_return(task, sup.results.get(task.index), config)
+            for task in state.tasks
+            if task.index in {r.index for r in records}
+        ]
 
     @staticmethod
     def _job_return(task: TaskRecord, raw: Any, config: DictConfig) -> JobReturn:

@@ -29,8 +29,12 @@ def write_context(path: Path, hydra_context: Any, task_function: Any, config: An
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as fh:
         cloudpickle.dump(
-            {"hydra_context": hydra_context, "task_function": task_function, "config": config,
-             "singleton_state": singleton_state},
+            {
+                "hydra_context": hydra_context,
+                "task_function": task_function,
+                "config": config,
+                "singleton_state": singleton_state,
+            },
             fh,
         )
     os.replace(tmp, path)

@@ -73,15 +73,16 @@ def _loads(data: bytes) -> Any:
     try:
         import torch
     except ImportError:
-        return pickle.loads(data)  # noqa: S301 - our own checkpoint files
+        return pickle.loads(data)
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 class CheckpointManager:
     """Saves and restores checkpoints in one directory."""
 
-    def __init__(self, directory: str | os.PathLike[str], keep_last: int = 3,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], keep_last: int = 3, clock: Callable[[], float] = time.time
+    ) -> None:
         self.dir = Path(directory)
         self.keep_last = keep_last
         self._clock = clock
@@ -113,12 +114,15 @@ class CheckpointManager:
         try:
             atomic_write(self.dir / name, data)
         except OSError as exc:
-            raise CheckpointError(f"could not write checkpoint {self.dir / name}: {exc}; older checkpoints are intact") from exc
-        entry = CheckpointEntry(step=step, file=name, time=self._clock(), sha256=hashlib.sha256(data).hexdigest(),
-                                bytes=len(data))
+            raise CheckpointError(
+                f"could not write checkpoint {self.dir / name}: {exc}; older checkpoints are intact"
+            ) from exc
+        entry = CheckpointEntry(
+            step=step, file=name, time=self._clock(), sha256=hashlib.sha256(data).hexdigest(), bytes=len(data)
+        )
         entries = [e for e in self.entries() if e.step != step] + [entry]
         entries.sort(key=lambda e: e.step)
-        keep, drop = entries[-self.keep_last:], entries[: -self.keep_last]
+        keep, drop = entries[-self.keep_last :], entries[: -self.keep_last]
         self._write_manifest(keep)
         for old in drop:
             if old.file not in {k.file for k in keep}:
@@ -145,6 +149,6 @@ class CheckpointManager:
                 continue
             try:
                 return entry, _loads(data)
-            except Exception as exc:  # noqa: BLE001 - any unpickling failure means "corrupt"
+            except Exception as exc:
                 log.warning("checkpoint %s does not load (%s); falling back to an older one", entry.file, exc)
         return None

@@ -68,8 +68,11 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         return default
 
 
-def context_from_env(env: Mapping[str, str] | None = None, output_dir: str | os.PathLike[str] | None = None,
-                     checkpoint_dir: str | os.PathLike[str] | None = None) -> JobContext:
+def context_from_env(
+    env: Mapping[str, str] | None = None,
+    output_dir: str | os.PathLike[str] | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+) -> JobContext:
     env = os.environ if env is None else env
     out = Path(output_dir or env.get(f"{ENV_PREFIX}OUTPUT_DIR") or os.getcwd())
     ckpt = Path(checkpoint_dir or env.get(f"{ENV_PREFIX}CHECKPOINT_DIR") or out / "checkpoints")

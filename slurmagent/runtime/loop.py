@@ -29,7 +29,7 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class StopForRequeue(SystemExit):  # noqa: N818 - it is a controlled exit, not an error
+class StopForRequeue(SystemExit):
     """Raised by the loop after a signal-triggered checkpoint: the job should end now."""
 
     def __init__(self, signum: int, step: int) -> None:
@@ -80,9 +80,17 @@ class StepLoop:
     metrics; `loop.metrics` keeps the last ones.
     """
 
-    def __init__(self, ctx: JobContext, state: Stateful, total_steps: int, conf: CheckpointConf | None = None,
-                 stop_signals: tuple[str, ...] = ("USR2", "TERM"), clock: Callable[[], float] = time.monotonic,
-                 install_signal_handlers: bool = True, is_writer: bool | None = None) -> None:
+    def __init__(
+        self,
+        ctx: JobContext,
+        state: Stateful,
+        total_steps: int,
+        conf: CheckpointConf | None = None,
+        stop_signals: tuple[str, ...] = ("USR2", "TERM"),
+        clock: Callable[[], float] = time.monotonic,
+        install_signal_handlers: bool = True,
+        is_writer: bool | None = None,
+    ) -> None:
         self.ctx = ctx
         self.state = state
         self.total_steps = total_steps

@@ -72,9 +72,14 @@ class ResumableBatches:
 class TorchState:
     """Model + optimiser + scheduler + RNG + data position, for `StepLoop`."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 scheduler: Any | None = None, data: ResumableBatches | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any | None = None,
+        data: ResumableBatches | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler

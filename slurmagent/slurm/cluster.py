@@ -126,13 +126,16 @@ def check_fits(res: ResourcesConf, cluster: ClusterInfo) -> None:
         )
     part = cluster.partitions.get(part_name)
     if part is None:
-        raise ConfigError(f"resources.partition={part_name!r} does not exist; valid partitions: {choices(cluster.partitions)}")
+        raise ConfigError(
+            f"resources.partition={part_name!r} does not exist; valid partitions: {choices(cluster.partitions)}"
+        )
     candidates = [cluster.nodes[n] for n in part.nodes if n in cluster.nodes]
     if res.gpus > 0:
         types_here = {t for n in candidates for t in n.gpus if t}
         if res.gpu_type is not None and res.gpu_type not in types_here:
             where = [
-                p.name for p in cluster.partitions.values()
+                p.name
+                for p in cluster.partitions.values()
                 if any(res.gpu_type in cluster.nodes[n].gpus for n in p.nodes if n in cluster.nodes)
             ]
             hint = f" (it exists in partition(s) {choices(where)})" if where else ""
@@ -141,8 +144,7 @@ def check_fits(res: ResourcesConf, cluster: ClusterInfo) -> None:
                 f"GPU types there: {choices(types_here)}"
             )
         candidates = [
-            n for n in candidates
-            if (n.gpus.get(res.gpu_type, 0) if res.gpu_type else sum(n.gpus.values())) >= res.gpus
+            n for n in candidates if (n.gpus.get(res.gpu_type, 0) if res.gpu_type else sum(n.gpus.values())) >= res.gpus
         ]
         if not candidates:
             raise ConfigError(

@@ -52,8 +52,25 @@ SBATCH_EXTRA_OPTIONS = frozenset(
     }
 )
 
-OWNED = ("partition", "nodes", "ntasks-per-node", "cpus-per-task", "mem", "gres", "time", "qos", "account",
-         "constraint", "exclude", "signal", "requeue", "array", "output", "error", "job-name")
+OWNED = (
+    "partition",
+    "nodes",
+    "ntasks-per-node",
+    "cpus-per-task",
+    "mem",
+    "gres",
+    "time",
+    "qos",
+    "account",
+    "constraint",
+    "exclude",
+    "signal",
+    "requeue",
+    "array",
+    "output",
+    "error",
+    "job-name",
+)
 
 
 def time_to_minutes(text: str) -> int:

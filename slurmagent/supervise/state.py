@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,8 +20,9 @@ from slurmagent.runtime.checkpoint import atomic_write
 
 STATE_FILE = "sweep.json"
 LOCK_FILE = ".sweep.lock"
-DONE_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-                         "BOOT_FAIL", "DEADLINE", "LOST"})
+DONE_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "LOST"}
+)
 
 
 @dataclass
@@ -128,8 +129,3 @@ class SweepStore:
             if state.done and state.finished_at is None:
                 state.finished_at = time.time()
             self._write(state)
-
-    def update(self, fn: Callable[[SweepState], None]) -> SweepState:
-        with self.edit() as state:
-            fn(state)
-        return state

@@ -36,7 +36,7 @@ def read_result(path: Path) -> tuple[str, Any] | None:
         return None
     try:
         with open(path, "rb") as fh:
-            out = pickle.load(fh)  # noqa: S301 - written by our own jobs
+            out = pickle.load(fh)
     except (OSError, EOFError, pickle.UnpicklingError):
         return None
     return out if isinstance(out, tuple) and len(out) == 2 else None
@@ -77,9 +77,15 @@ def unwrap_return(value: Any) -> tuple[bool, Any, str]:
 
 
 class Supervisor:
-    def __init__(self, sweep_dir: str | Path, slurm: SlurmCLI | None = None, poll_interval_s: float = 2.0,
-                 max_poll_interval_s: float = 30.0, console: Console | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        sweep_dir: str | Path,
+        slurm: SlurmCLI | None = None,
+        poll_interval_s: float = 2.0,
+        max_poll_interval_s: float = 30.0,
+        console: Console | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.store = SweepStore(sweep_dir)
         self.slurm = slurm or SlurmCLI()
         self.poll_interval_s = poll_interval_s
@@ -196,10 +202,7 @@ def summary_line(state: SweepState) -> str:
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, dict):
-        text = " ".join(f"{k}={_short(v)}" for k, v in list(value.items())[:3])
-    else:
-        text = str(value)
+    text = " ".join(f"{k}={_short(v)}" for k, v in list(value.items())[:3]) if isinstance(value, dict) else str(value)
     return text if len(text) < 48 else text[:45] + "..."
 
 

@@ -76,11 +76,36 @@ def test_low_priority_job_is_preempted_requeued_and_finishes(slurm_conf: str, tm
         'if [ "${SLURM_RESTART_COUNT:-0}" = "0" ]; then sleep 300; fi\n'
         'echo "done restart=${SLURM_RESTART_COUNT:-0}"\n'
     )
-    low = slurm("sbatch", "--parsable", "-p", "low", "-w", "cpu-2", "--exclusive", "--requeue",
-                "--open-mode=append", "-o", str(out), "--time=10", str(script)).strip()
+    low = slurm(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "low",
+        "-w",
+        "cpu-2",
+        "--exclusive",
+        "--requeue",
+        "--open-mode=append",
+        "-o",
+        str(out),
+        "--time=10",
+        str(script),
+    ).strip()
     wait_state(low, {"RUNNING"})
-    high = slurm("sbatch", "--parsable", "-p", "high", "-w", "cpu-2", "--exclusive", "--time=5",
-                 "-o", "/dev/null", "--wrap", "sleep 2").strip()
+    high = slurm(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "high",
+        "-w",
+        "cpu-2",
+        "--exclusive",
+        "--time=5",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 2",
+    ).strip()
     assert wait_state(high, {"COMPLETED"}, timeout=180) == "COMPLETED"
     assert wait_state(low, {"COMPLETED"}, timeout=180) == "COMPLETED"
     text = out.read_text()

@@ -17,13 +17,23 @@ pytestmark = pytest.mark.slurm
 
 
 def cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slurmagent", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+    return subprocess.run(
+        [sys.executable, "-m", "slurmagent", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ),
+    )
 
 
 def job_count() -> int:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return len(out.split())
 
 
@@ -35,9 +45,18 @@ def status(sweep: Path, cwd: Path) -> dict:  # type: ignore[type-arg]
 
 def test_digits_sweep_of_six_runs_as_one_array(slurm_conf: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = cli(["+experiment=digits_mlp", "-m", "optim.lr=1e-3,3e-3,1e-2", "model.width=64,128",
-                f"hydra.sweep.dir={sweep}", "hydra.launcher.poll_interval_s=1", "hydra.launcher.max_poll_interval_s=3"],
-               tmp_path)
+    proc = cli(
+        [
+            "+experiment=digits_mlp",
+            "-m",
+            "optim.lr=1e-3,3e-3,1e-2",
+            "model.width=64,128",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.poll_interval_s=1",
+            "hydra.launcher.max_poll_interval_s=3",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "6 task(s) submitted to slurm as 1 array(s)" in proc.stderr
     data = status(sweep, tmp_path)
@@ -55,8 +74,9 @@ def test_digits_sweep_of_six_runs_as_one_array(slurm_conf: str, tmp_path: Path) 
         ("resources.gpu_type=h100", "resources.gpu_type='h100' is on no node of partition 'gpu'"),
     ],
 )
-def test_bad_spec_is_refused_before_anything_is_submitted(slurm_conf: str, tmp_path: Path, override: str,
-                                                           message: str) -> None:
+def test_bad_spec_is_refused_before_anything_is_submitted(
+    slurm_conf: str, tmp_path: Path, override: str, message: str
+) -> None:
     sweep = tmp_path / "sweep"
     before = job_count()
     extra = ["resources.partition=gpu", "resources.gpus=1"] if "gpu_type" in override else []
@@ -70,9 +90,19 @@ def test_bad_spec_is_refused_before_anything_is_submitted(slurm_conf: str, tmp_p
 def test_killed_launcher_is_recovered_by_watch(slurm_conf: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "slurmagent", "+experiment=synthetic", "-m", "synthetic.steps=40,50,60",
-         "synthetic.step_time_s=0.1", f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "slurmagent",
+            "+experiment=synthetic",
+            "-m",
+            "synthetic.steps=40,50,60",
+            "synthetic.step_time_s=0.1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
     while not (sweep / "sweep.json").exists() and time.monotonic() < deadline:
@@ -89,9 +119,17 @@ def test_killed_launcher_is_recovered_by_watch(slurm_conf: str, tmp_path: Path) 
 
 def test_sweep_splits_into_fewest_arrays_and_throttles(slurm_conf: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = cli(["-m", "synthetic.steps=1,2,3,4,5", "hydra.launcher.max_array_size=2",
-                "hydra.launcher.array_parallelism=1", f"hydra.sweep.dir={sweep}", "hydra.launcher.poll_interval_s=1"],
-               tmp_path)
+    proc = cli(
+        [
+            "-m",
+            "synthetic.steps=1,2,3,4,5",
+            "hydra.launcher.max_array_size=2",
+            "hydra.launcher.array_parallelism=1",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.poll_interval_s=1",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     data = status(sweep, tmp_path)
     arrays = {t["job_id"].split("_")[0] for t in data["tasks"]}

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from slurmagent.runtime import CheckpointManager, StepLoop, StopForRequeue, context_from_env
 from slurmagent.config import CheckpointConf
+from slurmagent.runtime import CheckpointManager, StepLoop, StopForRequeue, context_from_env
 
 
 def test_save_restore_keep_last_and_manifest(tmp_path: Path) -> None:
@@ -91,8 +91,16 @@ def test_sigcont_alone_does_not_stop(tmp_path: Path) -> None:
 
 
 def test_context_from_slurm_environment(tmp_path: Path) -> None:
-    env = {"SLURM_JOB_ID": "42", "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "2", "SLURM_RESTART_COUNT": "3",
-           "SLURMAGENT_ATTEMPT": "1", "SLURMAGENT_TASK_INDEX": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "4"}
+    env = {
+        "SLURM_JOB_ID": "42",
+        "SLURM_ARRAY_JOB_ID": "40",
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_RESTART_COUNT": "3",
+        "SLURMAGENT_ATTEMPT": "1",
+        "SLURMAGENT_TASK_INDEX": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "4",
+    }
     ctx = context_from_env(env, output_dir=tmp_path)
     assert ctx.slurm_requeue_id == "40_2" and ctx.attempt == 4 and ctx.restart_count == 3
     assert ctx.rank == 1 and ctx.world_size == 4 and ctx.backend == "slurm"

@@ -13,14 +13,24 @@ import pytest
 
 def cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}  # no Slurm config: as on a laptop
-    return subprocess.run([sys.executable, "-m", "slurmagent", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "slurmagent", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_local_sweep_returns_results_and_status_json(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = cli(["+experiment=synthetic", "-m", "synthetic.steps=5,7", "synthetic.step_time_s=0",
-                f"hydra.sweep.dir={sweep}", "hydra.launcher.poll_interval_s=0.2"], tmp_path)
+    proc = cli(
+        [
+            "+experiment=synthetic",
+            "-m",
+            "synthetic.steps=5,7",
+            "synthetic.step_time_s=0",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.poll_interval_s=0.2",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "2 COMPLETED" in proc.stderr
     status = cli(["status", str(sweep), "--json"], tmp_path)
@@ -45,8 +55,16 @@ def test_failed_task_is_reported_with_its_reason(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     script = tmp_path / "fail.py"
     script.write_text("import sys\nprint('data/train/ has no JPEG files', file=sys.stderr)\nsys.exit(3)\n")
-    proc = cli(["-m", "task.target=null", f"task.command=[{sys.executable},{script}]", f"hydra.sweep.dir={sweep}",
-                "hydra.launcher.poll_interval_s=0.2"], tmp_path)
+    proc = cli(
+        [
+            "-m",
+            "task.target=null",
+            f"task.command=[{sys.executable},{script}]",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.poll_interval_s=0.2",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 1
     assert "exited with code 3" in proc.stderr and "data/train/ has no JPEG files" in proc.stderr
     data = json.loads(cli(["status", str(sweep), "--json"], tmp_path).stdout)
@@ -63,8 +81,16 @@ def test_command_mode_gets_context_and_returns_result_json(tmp_path: Path) -> No
         "json.dump({'ckpt': ctx['SLURMAGENT_CHECKPOINT_DIR'], 'attempt': ctx['SLURMAGENT_ATTEMPT']},"
         " open(os.path.join(out, 'result.json'), 'w'))\n"
     )
-    proc = cli(["-m", "task.target=null", f"task.command=[{sys.executable},{script}]", f"hydra.sweep.dir={sweep}",
-                "hydra.launcher.poll_interval_s=0.2"], tmp_path)
+    proc = cli(
+        [
+            "-m",
+            "task.target=null",
+            f"task.command=[{sys.executable},{script}]",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.poll_interval_s=0.2",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(cli(["status", str(sweep), "--json"], tmp_path).stdout)
     assert data["tasks"][0]["result"] == {"ckpt": str(sweep / "0" / "checkpoints"), "attempt": "1"}

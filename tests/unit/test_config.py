@@ -30,8 +30,14 @@ def test_wrong_type_names_key_and_expected_type() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30", 1800), ("1:30", 90), ("02:00:00", 7200), ("1-00:00:00", 86400), ("2-3", 2 * 86400 + 3 * 3600),
-     ("1-02:03", 86400 + 2 * 3600 + 180)],
+    [
+        ("30", 1800),
+        ("1:30", 90),
+        ("02:00:00", 7200),
+        ("1-00:00:00", 86400),
+        ("2-3", 2 * 86400 + 3 * 3600),
+        ("1-02:03", 86400 + 2 * 3600 + 180),
+    ],
 )
 def test_slurm_time_syntax(text: str, seconds: int) -> None:
     assert slurm_time_to_seconds(text) == seconds
@@ -48,7 +54,7 @@ def test_bad_time_and_memory_are_explained() -> None:
 def test_cluster_choice_and_task_exclusivity() -> None:
     with pytest.raises(ConfigError, match="auto, local, slurm"):
         job_spec({**BASE, "cluster": "kubernetes"})
-    with pytest.raises(ConfigError, match="exactly one of task.target"):
+    with pytest.raises(ConfigError, match=r"exactly one of task\.target"):
         job_spec({"task": {"target": "a:b", "command": ["python", "x.py"]}})
     with pytest.raises(ConfigError, match="gpu_type"):
         job_spec({**BASE, "resources": {"gpu_type": "a100"}})
@@ -63,20 +69,38 @@ def test_checkpoint_and_recovery_ranges() -> None:
 
 
 def test_sbatch_flags_single_source_of_truth() -> None:
-    res = ResourcesConf(partition="gpu", nodes=2, tasks_per_node=2, cpus_per_task=3, mem="8G", gpus=2,
-                        gpu_type="a100", time="01:00:00", qos="high", constraint="a100",
-                        extra={"mail_type": "END", "reservation": "r1"})
+    res = ResourcesConf(
+        partition="gpu",
+        nodes=2,
+        tasks_per_node=2,
+        cpus_per_task=3,
+        mem="8G",
+        gpus=2,
+        gpu_type="a100",
+        time="01:00:00",
+        qos="high",
+        constraint="a100",
+        extra={"mail_type": "END", "reservation": "r1"},
+    )
     flags = sbatch_flags(res)
     assert flags == {
-        "partition": "gpu", "nodes": "2", "ntasks-per-node": "2", "cpus-per-task": "3", "mem": "8G",
-        "gres": "gpu:a100:2", "time": "01:00:00", "qos": "high", "constraint": "a100", "mail-type": "END",
+        "partition": "gpu",
+        "nodes": "2",
+        "ntasks-per-node": "2",
+        "cpus-per-task": "3",
+        "mem": "8G",
+        "gres": "gpu:a100:2",
+        "time": "01:00:00",
+        "qos": "high",
+        "constraint": "a100",
+        "mail-type": "END",
         "reservation": "r1",
     }
     assert time_to_minutes("00:00:30") == 1
 
 
 def test_extra_flags_refused_when_unknown_or_owned() -> None:
-    with pytest.raises(ConfigError, match="unknown sbatch option resources.extra.frobnicate; valid keys: .*begin"):
+    with pytest.raises(ConfigError, match=r"unknown sbatch option resources\.extra\.frobnicate; valid keys: .*begin"):
         sbatch_flags(ResourcesConf(extra={"frobnicate": "1"}))
     with pytest.raises(ConfigError, match="duplicates a setting slurmagent owns"):
         sbatch_flags(ResourcesConf(extra={"partition": "x"}))

@@ -23,10 +23,25 @@ def normalised(text: str, run_dir: Path) -> str:
 @pytest.mark.parametrize(
     ("name", "overrides"),
     [
-        ("digits_python.sbatch", ["+experiment=digits_mlp", "optim.lr=1e-3", "resources.partition=gpu",
-                                  "resources.gpus=1", "resources.gpu_type=a100"]),
-        ("command_mode.sbatch", ["task.target=null", "task.command=[python3,train.py,--epochs,3]",
-                                 "+resources.extra.mail_type=END", "recovery.signal_delay_s=120"]),
+        (
+            "digits_python.sbatch",
+            [
+                "+experiment=digits_mlp",
+                "optim.lr=1e-3",
+                "resources.partition=gpu",
+                "resources.gpus=1",
+                "resources.gpu_type=a100",
+            ],
+        ),
+        (
+            "command_mode.sbatch",
+            [
+                "task.target=null",
+                "task.command=[python3,train.py,--epochs,3]",
+                "+resources.extra.mail_type=END",
+                "recovery.signal_delay_s=120",
+            ],
+        ),
     ],
 )
 def test_golden(tmp_path: Path, name: str, overrides: list[str]) -> None:
@@ -43,8 +58,14 @@ def test_hostile_values_are_quoted_and_nothing_runs(weird_tmp_path: Path) -> Non
     cwd = os.getcwd()
     os.chdir(weird_tmp_path)
     try:
-        out = render(["+name='x $(touch PWNED) `touch PWNED2`; rm -rf /'", "task.target=null",
-                      "task.command=[python3,'a b.py','$(touch PWNED3)']"], weird_tmp_path / "r u n")
+        out = render(
+            [
+                "+name='x $(touch PWNED) `touch PWNED2`; rm -rf /'",
+                "task.target=null",
+                "task.command=[python3,'a b.py','$(touch PWNED3)']",
+            ],
+            weird_tmp_path / "r u n",
+        )
     finally:
         os.chdir(cwd)
     text = out.script.read_text()
@@ -60,8 +81,9 @@ def test_hostile_values_are_quoted_and_nothing_runs(weird_tmp_path: Path) -> Non
     assert not list(weird_tmp_path.parent.rglob("PWNED*"))
 
 
-@pytest.mark.parametrize("bad", ["resources.partition='low; rm -rf /'", "resources.constraint='a b'",
-                                 "resources.account='$(id)'"])
+@pytest.mark.parametrize(
+    "bad", ["resources.partition='low; rm -rf /'", "resources.constraint='a b'", "resources.account='$(id)'"]
+)
 def test_hostile_directive_values_are_refused(tmp_path: Path, bad: str) -> None:
     with pytest.raises(ConfigError, match="contains characters sbatch cannot take"):
         render([bad], tmp_path / "run")

@@ -24,7 +24,9 @@ t4-2|high|4|3000|gpu:t4:2|t4,gpu|mixed
 t4-2|gpu|4|3000|gpu:t4:2|t4,gpu|mixed
 """
 SINFO_PARTS = "low|2:00:00|low*\nhigh|1:00:00|high\ngpu|4:00:00|gpu\n"
-CONFIG = "Configuration data as of 2026-11-30T08:42:40\nMaxArraySize            = 1001\nMaxJobCount             = 20000\n"
+CONFIG = (
+    "Configuration data as of 2026-11-30T08:42:40\nMaxArraySize            = 1001\nMaxJobCount             = 20000\n"
+)
 SACCT = """7_0|COMPLETED|0:0|None|cpu-1
 7_1|PREEMPTED|0:15|None|cpu-2
 7_1|RUNNING|0:0|None|cpu-2
@@ -59,7 +61,10 @@ def test_parse_sacct_keeps_last_row_and_expands_pending_ranges() -> None:
 @pytest.mark.parametrize(
     ("res", "match"),
     [
-        (ResourcesConf(partition="nope"), r"resources.partition='nope' does not exist; valid partitions: gpu, high, low"),
+        (
+            ResourcesConf(partition="nope"),
+            r"resources.partition='nope' does not exist; valid partitions: gpu, high, low",
+        ),
         (ResourcesConf(partition="gpu", gpus=1, gpu_type="h100"), r"gpu_type='h100' is on no node .* a100, t4"),
         (ResourcesConf(partition="low", gpus=3, gpu_type="t4"), r"gpus=3 per node"),
         (ResourcesConf(cpus_per_task=8), r"8 CPUs per node, but nodes of partition 'low' have at most 4"),

@@ -27,8 +27,13 @@ def run(ckpt: Path, stop_after: int | None, seed: int = 0) -> str:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
     batches = ResumableBatches(len(x), 32, seed=0)
-    loop = StepLoop(context_from_env({}, output_dir=ckpt), TorchState(model, opt, sched, batches), STEPS,
-                    CheckpointConf(every_steps=7), install_signal_handlers=False)
+    loop = StepLoop(
+        context_from_env({}, output_dir=ckpt),
+        TorchState(model, opt, sched, batches),
+        STEPS,
+        CheckpointConf(every_steps=7),
+        install_signal_handlers=False,
+    )
     for step in loop:
         idx = batches.indices(step)
         # randomness inside the step (dropout-like noise from all three RNGs) must resume too

@@ -1,0 +1,77 @@
+"""The runtime's signal path on the real cluster: USR2 (the time-limit warning) → checkpoint
+at the next step boundary → `scontrol requeue` of the array task → resume, same result."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 120
+
+
+def expected_digest(steps: int) -> str:
+    digest = hashlib.sha256(b"start").hexdigest()
+    for step in range(steps):
+        digest = hashlib.sha256(f"{digest}:{step}".encode()).hexdigest()
+    return digest
+
+
+def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slurmagent",
+            "+experiment=synthetic",
+            "-m",
+            f"synthetic.steps={STEPS}",
+            "synthetic.step_time_s=0.1",
+            "checkpoint.every_steps=1000",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.poll_interval_s=1",
+            "hydra.launcher.max_poll_interval_s=2",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        job_id = None
+        while time.monotonic() < deadline:
+            if (sweep / "sweep.json").exists():
+                job_id = json.loads((sweep / "sweep.json").read_text())["tasks"][0]["attempts"][0]["job_id"]
+                log = sweep / ".submitit" / f"{job_id}_0_log.out"
+                if log.exists() and "Starting with" in log.read_text():
+                    break
+            time.sleep(0.3)
+        assert job_id is not None
+        time.sleep(3)  # some steps run
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+        out, err = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, err
+    task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
+    result = task["result"]
+    assert result["digest"] == expected_digest(STEPS)  # same as a run that never stopped
+    assert result["attempt"] == 2 and 0 < result["resumed_from"] < STEPS
+    # only the steps after the signal checkpoint ran in the second attempt: nothing redone
+    assert result["steps_run_here"] == STEPS - result["resumed_from"]
+    history = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert history[-1] == "COMPLETED" and "REQUEUED" in history, history
