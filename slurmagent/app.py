@@ -135,7 +135,8 @@ def run_command(argv: list[str], ctx: JobContext) -> Any:
                 signal.signal(sig, handler)
     if code != 0:
         tail = err_path.read_text(errors="replace").splitlines()[-10:]
-        raise TaskFailedError(f"command {argv[0]!r} exited with code {code}; last stderr lines:\n" + "\n".join(tail))
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        raise TaskFailedError(f"command {argv[0]!r} {how}; last stderr lines:\n" + "\n".join(tail))
     result_file = ctx.output_dir / "result.json"
     if result_file.exists():
         return json.loads(result_file.read_text())

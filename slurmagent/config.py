@@ -231,8 +231,10 @@ class JobSpec:
     task: TaskConf
 
 
-def job_spec(cfg: Mapping[str, Any]) -> JobSpec:
-    """Parse the slurmagent parts of a composed job config (a plain dict) into a JobSpec."""
+def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
+    """Parse the slurmagent parts of a composed job config (a plain dict) into a JobSpec.
+
+    `require_task=False` for users' own Hydra apps, whose task is their Hydra main."""
     cluster = cfg.get("cluster", "auto")
     if cluster not in CLUSTER_CHOICES:
         raise ConfigError(f"cluster={cluster!r} is not one of {choices(CLUSTER_CHOICES)}")
@@ -244,7 +246,8 @@ def job_spec(cfg: Mapping[str, Any]) -> JobSpec:
         task=parse_conf(TaskConf, cfg.get("task"), "task"),
     )
     validate_resources(spec.resources)
-    validate_task(spec.task)
+    if require_task or spec.task != TaskConf():
+        validate_task(spec.task)
     validate_checkpoint(spec.checkpoint)
     validate_recovery(spec.recovery)
     return spec

@@ -24,7 +24,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from rich.console import Console
 
-from slurmagent.app import spec_dict
+from slurmagent.app import run_task, spec_dict
 from slurmagent.config import JobSpec, LauncherConf, job_spec, parse_conf, spec_key
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.launch.backend import make_executor, resolve_backend
@@ -75,7 +75,8 @@ class ArrayLauncher(Launcher):
             if key not in cache:
                 cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
                 try:
-                    cache[key] = job_spec(spec_dict(cfg))
+                    # a user's own Hydra app brings its own task function: no `task` needed
+                    cache[key] = job_spec(spec_dict(cfg), require_task=self.task_function is run_task)
                 except ConfigError as exc:
                     raise ConfigError(
                         f"{exc} (task overrides: {' '.join(overrides) or 'none'}); nothing was submitted"

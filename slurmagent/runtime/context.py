@@ -117,6 +117,18 @@ def set_current(ctx: JobContext | None) -> None:
     _current = ctx
 
 
+def _hydra_output_dir() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().runtime.output_dir)
+    except (ImportError, ValueError):
+        return None
+
+
 def current() -> JobContext:
-    """The context of the running job (from the environment when none was set)."""
-    return _current if _current is not None else context_from_env()
+    """The context of the running job. Inside `python -m slurmagent` the task wrapper sets
+    it; in a user's own Hydra app it is built from the environment and Hydra's output dir."""
+    if _current is not None:
+        return _current
+    return context_from_env(output_dir=os.environ.get(f"{ENV_PREFIX}OUTPUT_DIR") or _hydra_output_dir())

@@ -8,13 +8,14 @@ requeueing the job, a plain exit).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
@@ -106,6 +107,7 @@ class StepLoop:
         self.restored_from: int | None = None
         self._last_save = clock()
         self.step = 0
+        self._metrics_file: IO[str] | None = None
 
     def restore(self) -> int:
         found = self.manager.latest()
@@ -125,7 +127,15 @@ class StepLoop:
         self._last_save = self._clock()
 
     def report(self, **metrics: float) -> None:
-        self.metrics.update({k: float(v) for k, v in metrics.items()})
+        """Record metrics for this step: kept in `loop.metrics` and in checkpoints, and
+        appended (rank 0) to `<output dir>/metrics.jsonl` as {"step": …, name: value}."""
+        values = {k: float(v) for k, v in metrics.items()}
+        self.metrics.update(values)
+        if self.is_writer:
+            if self._metrics_file is None:
+                self.ctx.output_dir.mkdir(parents=True, exist_ok=True)
+                self._metrics_file = open(self.ctx.output_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed at loop end
+            self._metrics_file.write(json.dumps({"step": self.step, **values}) + "\n")
 
     def _due(self, done: int) -> bool:
         if self.conf.every_steps and done % self.conf.every_steps == 0:
@@ -152,3 +162,6 @@ class StepLoop:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if self._metrics_file is not None:
+                self._metrics_file.close()
+                self._metrics_file = None

@@ -93,7 +93,6 @@ class SlurmCLI:
         out = self.run(
             [
                 "sacct",
-                "-X",
                 "-n",
                 "--parsable2",
                 "--duplicates",
@@ -132,24 +131,40 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
     return out
 
 
-def parse_sacct(text: str) -> dict[str, TaskStatus]:
-    """`sacct -X -n --parsable2 --duplicates -o JobID,State,ExitCode,Reason,NodeList`.
+# a failed allocation whose step the kernel OOM-killed is reported as OUT_OF_MEMORY
+STEP_CAUSES = ("OUT_OF_MEMORY",)
 
-    With --duplicates a requeued job has one row per run; the last row is the current one.
-    Pending array ranges (`123_[4-9]`) are expanded; the state word is the first token
-    (`CANCELLED by 0` → CANCELLED).
+
+def parse_sacct(text: str) -> dict[str, TaskStatus]:
+    """`sacct -n --parsable2 --duplicates -o JobID,State,ExitCode,Reason,NodeList`.
+
+    With --duplicates a requeued job has one allocation row per run; the last one is the
+    current one, and each earlier one counts as a restart. Step rows (`123_4.0`,
+    `123_4.batch`) refine a FAILED allocation: a step that was OOM-killed makes it
+    OUT_OF_MEMORY. Pending array ranges (`123_[4-9]`) are expanded; the state word is the
+    first token (`CANCELLED by 0` → CANCELLED).
     """
     result: dict[str, TaskStatus] = {}
+    step_causes: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < 5:
             continue
-        job_id, state, exit_code, reason, nodes = parts[:5]
-        restarts = int(parts[5]) if len(parts) > 5 and parts[5].isdigit() else 0
-        word = state.split()[0] if state.strip() else "UNKNOWN"
-        for jid in expand_array_id(job_id.strip()):
+        job_id, state, exit_code, reason, nodes = (p.strip() for p in parts[:5])
+        word = state.split()[0] if state else "UNKNOWN"
+        if "." in job_id:
+            if word in STEP_CAUSES:
+                step_causes[job_id.split(".", 1)[0]] = word
+            continue
+        for jid in expand_array_id(job_id):
             prev = result.get(jid)
-            result[jid] = TaskStatus(jid, word, exit_code, reason, nodes, max(restarts, prev.restarts if prev else 0))
+            restarts = prev.restarts + 1 if prev is not None else 0
+            result[jid] = TaskStatus(jid, word, exit_code, reason, nodes, restarts)
+            step_causes.pop(jid, None)  # causes seen so far belong to an earlier run
+    for jid, cause in step_causes.items():
+        st = result.get(jid)
+        if st is not None and st.state == "FAILED":
+            result[jid] = TaskStatus(jid, cause, st.exit_code, st.reason, st.nodes, st.restarts)
     return result
 
 

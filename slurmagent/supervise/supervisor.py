@@ -135,13 +135,22 @@ class Supervisor:
         if res is not None:
             kind, value = res
             ok, ret, err = unwrap_return(value) if kind == "success" else (False, None, str(value).strip())
-            self.results[task.index] = value if kind == "success" else None
             if ok:
+                self.results[task.index] = value
                 task.state, task.result, task.error = "COMPLETED", ret, ""
-            else:
-                task.state = "FAILED"
-                task.error = "FAILED: " + "\n".join(err.splitlines()[-STDERR_TAIL:])
-            attempt.state = task.state
+                attempt.state = task.state
+                return (task.state, attempt.state) != before
+            if state.backend == "slurm" and (status is None or status.state not in TERMINAL_STATES):
+                # the task raised; wait for Slurm's verdict on the job (OOM, time limit…)
+                return (task.state, attempt.state) != before
+            word = status.state if status is not None and status.state not in ("COMPLETED", "FAILED") else "FAILED"
+            task.state = attempt.state = word
+            self.results[task.index] = None
+            tail = stderr_tail(state, job_id)
+            lines = err.splitlines()[-STDERR_TAIL:]
+            task.error = f"{word}: " + "\n".join(lines)
+            if tail and tail.splitlines()[-1] not in lines:
+                task.error += f"\nlast stderr lines:\n{tail}"
         elif status is not None and (status.state in TERMINAL_STATES or status.state == "EXITED"):
             seen = self._no_result_seen.get(job_id, 0) + 1
             self._no_result_seen[job_id] = seen

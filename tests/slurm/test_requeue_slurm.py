@@ -58,7 +58,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
         assert job_id is not None
         time.sleep(3)  # some steps run
         subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-        out, err = launcher.communicate(timeout=240)
+        _, err = launcher.communicate(timeout=240)
     finally:
         launcher.kill()
     assert launcher.returncode == 0, err

@@ -33,6 +33,13 @@ SACCT = """7_0|COMPLETED|0:0|None|cpu-1
 7_2|OUT_OF_MEMORY|0:125|None|t4-1
 7_3|CANCELLED by 0|0:0|None|t4-2
 7_[4-6,9%2]|PENDING|0:0|BeginTime|None assigned
+8|FAILED|1:0|None|cpu-1
+8.batch|FAILED|1:0||cpu-1
+8.0|OUT_OF_MEMORY|0:125||cpu-1
+9|PREEMPTED|0:15|None|cpu-2
+9.0|OUT_OF_MEMORY|0:125||cpu-2
+9|COMPLETED|0:0|None|cpu-2
+9.0|COMPLETED|0:0||cpu-2
 """
 
 CLUSTER = parse_cluster(SINFO_NODES, SINFO_PARTS, parse_scontrol_config(CONFIG))
@@ -51,11 +58,15 @@ def test_parse_cluster() -> None:
 def test_parse_sacct_keeps_last_row_and_expands_pending_ranges() -> None:
     st = parse_sacct(SACCT)
     assert st["7_0"].state == "COMPLETED"
-    assert st["7_1"].state == "RUNNING"  # --duplicates: the requeued run is the last row
+    assert st["7_1"].state == "RUNNING" and st["7_1"].restarts == 1  # --duplicates: the last row is current
     assert st["7_2"].state == "OUT_OF_MEMORY" and st["7_2"].exit_code == "0:125"
     assert st["7_3"].state == "CANCELLED"
     assert [k for k in st if st[k].state == "PENDING"] == ["7_4", "7_5", "7_6", "7_9"]
     assert expand_array_id("12") == ["12"]
+    # a step the cgroup OOM-killed turns a FAILED allocation into OUT_OF_MEMORY…
+    assert st["8"].state == "OUT_OF_MEMORY" and st["8"].exit_code == "1:0"
+    # …but not when it belongs to an earlier run of a requeued job
+    assert st["9"].state == "COMPLETED" and st["9"].restarts == 1
 
 
 @pytest.mark.parametrize(
@@ -97,4 +108,4 @@ def test_seam_refuses_non_slurm_commands_and_counts_calls() -> None:
         cli.run(["rm", "-rf", "/"])
     statuses = cli.statuses(["7", "7"])
     assert cli.calls == {"sacct": 1} and "7_2" in statuses
-    assert seen[0][:2] == ["sacct", "-X"] and "7" in seen[0]
+    assert seen[0][0] == "sacct" and "7" in seen[0]
