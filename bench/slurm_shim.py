@@ -10,8 +10,7 @@ import sys
 import time
 
 
-def main() -> int:
-    name = os.path.basename(sys.argv[0])
+def main(name: str) -> int:
     real = os.path.join(os.environ.get("SLURMAGENT_BENCH_REAL_BIN", "/usr/bin"), name)
     start = time.time()
     proc = subprocess.run([real, *sys.argv[1:]], check=False)
@@ -24,4 +23,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(os.path.basename(sys.argv[0])))

@@ -55,8 +55,8 @@ def ensure_env() -> Path:
     for cmd in COMMANDS:
         path = SHIM / cmd
         path.write_text(
-            f"#!{py}\nimport runpy, sys\nsys.argv[0] = {str(path)!r}\n"
-            f"runpy.run_path({str(BENCH / 'slurm_shim.py')!r}, run_name='__main__')\n"
+            f"#!{py}\nimport sys\nsys.path.insert(0, {str(BENCH)!r})\nimport slurm_shim\n"
+            f"sys.exit(slurm_shim.main({cmd!r}))\n"
         )
         path.chmod(0o755)
     return py
@@ -95,10 +95,10 @@ def command(tool: str, py: Path, n: int, sweep: Path) -> list[str]:
             "+resources.extra.begin=now+3600",
             "synthetic.steps=1",
             f"hydra.sweep.dir={sweep}",
-            "hydra.launcher.poll_interval_s=5",
-            "hydra.launcher.max_poll_interval_s=5",
+            "hydra.launcher.poll_interval_s=10",
+            "hydra.launcher.max_poll_interval_s=10",
         ]
-    return [str(py), str(BENCH / "hsl" / "app.py"), "-m", f"+bench.i=range(0,{n})", f"hydra.sweep.dir={sweep}"]
+    return [str(py), str(BENCH / "hsl" / "app.py"), "-m", f"bench.i=range(0,{n})", f"hydra.sweep.dir={sweep}"]
 
 
 def measure(tool: str, py: Path, n: int, observe_s: float) -> dict[str, object]:

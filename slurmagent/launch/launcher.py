@@ -29,22 +29,13 @@ from slurmagent.config import JobSpec, LauncherConf, job_spec, parse_conf, spec_
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.launch.backend import make_executor, resolve_backend
 from slurmagent.launch.runner import SweepRunner, TaskPayload, write_context
+from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.state import Attempt, SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.supervisor import Supervisor, sweep_table
 
 log = logging.getLogger(__name__)
-
-SPEC_ROOTS = ("cluster", "resources", "checkpoint", "recovery", "task", "hydra")
-
-
-def spec_relevant(override: str) -> bool:
-    """Can this override change the job spec? Group selections and spec keys can."""
-    key = override.split("=", 1)[0].lstrip("+~")
-    if "." not in key:
-        return True  # a config group choice (model=big, +experiment=x) or a top-level value
-    return key.split(".", 1)[0] in SPEC_ROOTS
 
 
 def chunks(items: list[Any], size: int) -> list[list[Any]]:

@@ -143,7 +143,8 @@ class Supervisor:
             if state.backend == "slurm" and (status is None or status.state not in TERMINAL_STATES):
                 # the task raised; wait for Slurm's verdict on the job (OOM, time limit…)
                 return (task.state, attempt.state) != before
-            word = status.state if status is not None and status.state not in ("COMPLETED", "FAILED") else "FAILED"
+            specific = status is not None and status.state in TERMINAL_STATES - {"COMPLETED", "FAILED"}
+            word = status.state if specific and status is not None else "FAILED"
             task.state = attempt.state = word
             self.results[task.index] = None
             tail = stderr_tail(state, job_id)

@@ -1,0 +1,45 @@
+"""Hydra's basic sweeper, without composing every job of a big sweep twice.
+
+Hydra's BasicSweeper checks a batch by composing the config of every job in it (about
+0.1 s each: 2 minutes for 1,000 jobs) before the launcher sees it. This sweeper composes
+one representative per distinct set of override keys and per distinct value of any
+override that can change the job spec or pick a config group; overrides that only set
+plain values are checked when the job composes on its node (a failure there fails that
+task, with the error, like any other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+SPEC_ROOTS = ("cluster", "resources", "checkpoint", "recovery", "task", "hydra")
+
+
+def spec_relevant(override: str) -> bool:
+    """Can this override change the job spec? Group selections and spec keys can."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    if "." not in key:
+        return True  # a config group choice (model=big, +experiment=x) or a top-level value
+    return key.split(".", 1)[0] in SPEC_ROOTS
+
+
+def representatives(batch: Sequence[Sequence[str]]) -> list[Sequence[str]]:
+    """The fewest jobs that still cover every key set and every spec-relevant value."""
+    seen_keys: set[tuple[str, ...]] = set()
+    seen_values: set[str] = set()
+    reps: list[Sequence[str]] = []
+    for overrides in batch:
+        keys = tuple(sorted(o.split("=", 1)[0] for o in overrides))
+        relevant = [o for o in overrides if spec_relevant(o)]
+        if keys not in seen_keys or any(o not in seen_values for o in relevant):
+            reps.append(overrides)
+            seen_keys.add(keys)
+            seen_values.update(relevant)
+    return reps
+
+
+class RepresentativeSweeper(BasicSweeper):
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        super().validate_batch_is_legal(representatives(batch))

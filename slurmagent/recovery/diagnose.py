@@ -1,0 +1,241 @@
+"""Failure diagnosis: Slurm's state plus the job's logs → one structured verdict.
+
+Rules are data (`RULES`): a pattern over log lines, the cause it names, whether a retry
+can help, and what to do. `diagnose` is pure: it takes the state and the log texts, so it
+is tested on logs recorded from real failing jobs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Evidence:
+    source: str  # file the line came from (or "slurm" for accounting)
+    line: int  # 1-based line number (0 for accounting)
+    text: str  # the line itself
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cause: str  # a short cause id: host_oom, gpu_oom, time_limit, preempted, node_failure, …
+    summary: str  # one sentence: what went wrong and what to do
+    retryable: bool  # can the same task succeed if run again (possibly with new resources)?
+    suggestion: str  # what to change
+    evidence: list[Evidence] = field(default_factory=list)  # the lines that show it
+    fix_command: str | None = None  # a safe command that applies the fix, where one exists
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Rule:
+    cause: str
+    pattern: re.Pattern[str]
+    retryable: bool
+    summary: str  # may use {match} (the matched text) and {g1} (first group)
+    suggestion: str
+
+
+def _r(cause: str, pattern: str, retryable: bool, summary: str, suggestion: str) -> Rule:
+    return Rule(cause, re.compile(pattern), retryable, summary, suggestion)
+
+
+# Ordered: the first rule that matches anywhere wins, so specific causes come first.
+RULES: tuple[Rule, ...] = (
+    _r(
+        "gpu_oom",
+        r"(torch\.)?(cuda\.)?OutOfMemoryError: CUDA out of memory\. Tried to allocate ([\d.]+ \w+)",
+        True,
+        "The GPU ran out of memory (tried to allocate {g3}).",
+        "halve the micro-batch with gradient accumulation, or move to a GPU type with more memory",
+    ),
+    _r(
+        "host_oom",
+        r"Detected (\d+) oom-kill event\(s\)|oom_kill event|oom-kill event",
+        True,
+        "The job used more host memory than its --mem and the kernel's cgroup OOM killer ended it.",
+        "resubmit with more memory (resources.mem), or lower the data loader's workers/prefetch",
+    ),
+    _r(
+        "time_limit",
+        r"CANCELLED AT \S+ DUE TO TIME LIMIT",
+        True,
+        "The job reached its time limit.",
+        "checkpoint more often and requeue, or ask for more time (resources.time) within the partition's limit",
+    ),
+    _r(
+        "preempted",
+        r"CANCELLED AT \S+ DUE TO PREEMPTION",
+        True,
+        "A higher-priority job preempted this one.",
+        "requeue: it resumes from its newest checkpoint",
+    ),
+    _r(
+        "node_failure",
+        r"CANCELLED AT \S+ DUE TO NODE FAILURE|DUE TO NODE FAIL",
+        True,
+        "The node the job ran on failed.",
+        "resubmit excluding that node",
+    ),
+    _r(
+        "ecc_error",
+        r"uncorrectable ECC error encountered",
+        True,
+        "The GPU reported an uncorrectable ECC error.",
+        "resubmit excluding this node and report the GPU to the admins",
+    ),
+    _r(
+        "cuda_illegal_address",
+        r"CUDA error: an illegal memory access was encountered",
+        True,
+        "A CUDA kernel made an illegal memory access.",
+        "retry the step; if it repeats on the CPU it is a code bug, else suspect the GPU",
+    ),
+    _r(
+        "cuda_device_assert",
+        r"device-side assert triggered",
+        False,
+        "A device-side assert fired: usually an index out of range (e.g. a label ≥ number of classes).",
+        "run the failing batch on the CPU (CUDA_LAUNCH_BLOCKING=1) to see the exact assertion",
+    ),
+    _r(
+        "xid",
+        r"NVRM: Xid \(([^)]*)\): (\d+)",
+        True,
+        "The NVIDIA driver logged Xid {g2}.",
+        "check the node's GPU health; exclude the node if it repeats",
+    ),
+    _r(
+        "nccl_timeout",
+        r"Watchdog caught collective operation timeout",
+        True,
+        "A NCCL collective timed out (a rank hung or the network failed).",
+        "retry once; if the same node fails twice, exclude it",
+    ),
+    _r(
+        "nccl_error",
+        r"NCCL error in:",
+        True,
+        "NCCL reported an error.",
+        "retry once; if the same node fails twice, exclude it",
+    ),
+    _r(
+        "missing_module",
+        r"ModuleNotFoundError: No module named '([^']+)'",
+        False,
+        "Python module '{g1}' is not installed in the job's environment.",
+        "install it in the environment the job uses (the same python as the launcher), then resubmit",
+    ),
+    _r(
+        "missing_path",
+        r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']+)'",
+        False,
+        "The path '{g1}' does not exist on the compute node.",
+        "fix the path in the config, or make the data available on a file system the nodes share",
+    ),
+    _r(
+        "missing_path",
+        r"No such file or directory",
+        False,
+        "A file or directory the job needs does not exist: {match}.",
+        "fix the path in the config, or make the data available on a file system the nodes share",
+    ),
+    _r(
+        "hydra_config",
+        r"(ConfigCompositionException|Could not override '[^']+'|Key '[^']+' is not in struct|"
+        r"MissingMandatoryValue|InterpolationResolutionError)",
+        False,
+        "The Hydra config does not compose: {match}.",
+        "fix the override or the config file named in the message",
+    ),
+    _r(
+        "nan_loss",
+        r"(loss|Loss)[^\n]*\b(nan|NaN|inf)\b|non-finite loss",
+        False,
+        "The loss became NaN or infinite.",
+        "lower the learning rate, enable gradient clipping, check the inputs",
+    ),
+)
+
+STATE_CAUSES: dict[str, tuple[str, bool, str, str]] = {
+    "OUT_OF_MEMORY": (
+        "host_oom",
+        True,
+        "Slurm ended the job OUT_OF_MEMORY: it exceeded its --mem.",
+        "resubmit with more memory (resources.mem)",
+    ),
+    "TIMEOUT": (
+        "time_limit",
+        True,
+        "Slurm ended the job at its time limit.",
+        "requeue from the newest checkpoint, or ask for more time (resources.time)",
+    ),
+    "NODE_FAIL": ("node_failure", True, "The node the job ran on failed (NODE_FAIL).", "resubmit excluding that node"),
+    "PREEMPTED": ("preempted", True, "A higher-priority job preempted this one.", "requeue from the newest checkpoint"),
+    "BOOT_FAIL": ("node_failure", True, "The node failed to boot for the job.", "resubmit excluding that node"),
+}
+
+
+def _format(text: str, m: re.Match[str]) -> str:
+    groups = {f"g{i}": (g or "") for i, g in enumerate(m.groups(), start=1)}
+    return text.format(match=m.group(0).strip(), **groups)
+
+
+def _scan(rule: Rule, logs: Mapping[str, str], limit: int) -> tuple[re.Match[str] | None, list[Evidence]]:
+    first: re.Match[str] | None = None
+    evidence: list[Evidence] = []
+    for source, text in logs.items():
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            m = rule.pattern.search(line)
+            if m:
+                first = first or m
+                if len(evidence) < limit:
+                    evidence.append(Evidence(source, lineno, line.strip()[:300]))
+    return first, evidence
+
+
+def diagnose(state: str | None, logs: Mapping[str, str], max_evidence: int = 3) -> Diagnosis:
+    """Slurm state + log texts (source name → content) → the most specific diagnosis.
+
+    A state Slurm itself decided (OUT_OF_MEMORY, TIMEOUT, NODE_FAIL, PREEMPTED) is the
+    cause, with the log lines that show it as evidence; otherwise the first matching rule;
+    otherwise a crash named by the last error line."""
+    if state in STATE_CAUSES:
+        cause, retry, summary, suggestion = STATE_CAUSES[state]
+        evidence = [Evidence("slurm", 0, f"State={state}")]
+        for rule in RULES:
+            if rule.cause == cause:
+                evidence += _scan(rule, logs, max_evidence)[1]
+        return Diagnosis(cause, summary, retry, suggestion, evidence[: max_evidence + 1])
+    for rule in RULES:
+        first, evidence = _scan(rule, logs, max_evidence)
+        if first is not None:
+            return Diagnosis(rule.cause, _format(rule.summary, first), rule.retryable, rule.suggestion, evidence)
+    if state in (None, "COMPLETED"):
+        return Diagnosis("unknown", "No failure found in the logs.", False, "nothing to do", [])
+    last = _last_error_line(logs)
+    return Diagnosis(
+        "crash",
+        f"The task failed ({state}) with: {last.text if last else 'no error message in its logs'}.",
+        False,
+        "fix the error shown and resubmit; it is not retried automatically",
+        [last] if last else [],
+    )
+
+
+_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception)|Traceback|error:|Error:|FATAL|fatal:)")
+
+
+def _last_error_line(logs: Mapping[str, str]) -> Evidence | None:
+    found: Evidence | None = None
+    for source, text in logs.items():
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if _ERROR_LINE.search(line) and not line.strip().startswith("Traceback"):
+                found = Evidence(source, lineno, line.strip()[:300])
+    return found

@@ -1,0 +1,122 @@
+"""What to do after a task ended without a result: resubmit with adjusted resources, or
+stop with the diagnosis. Pure: it takes the spec, the attempts, the diagnosis and the
+cluster's facts, so every rule is tested on recorded inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from slurmagent.config import JobSpec, ResourcesConf, mem_to_mb, slurm_time_to_seconds
+from slurmagent.recovery.diagnose import Diagnosis
+from slurmagent.slurm.cluster import ClusterInfo
+
+MEM_FACTOR = 1.5  # host OOM: ask for this much more memory, up to the largest node's
+TIME_FACTOR = 2.0  # time limit: ask for this much more time, up to the partition's limit
+NODE_SUSPECT_CAUSES = frozenset(
+    {"node_failure", "ecc_error", "xid", "nccl_error", "nccl_timeout", "cuda_illegal_address"}
+)
+
+
+@dataclass(frozen=True)
+class Resubmit:
+    resources: ResourcesConf  # the adjusted request
+    reason: str  # why, in one sentence
+    changes: dict[str, tuple[object, object]]  # key → (old, new)
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str  # the one clear sentence the task ends with
+
+
+def _fmt_mb(mb: int) -> str:
+    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
+
+
+def _fmt_time(seconds: int) -> str:
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _partition(spec: JobSpec, cluster: ClusterInfo | None) -> str | None:
+    if cluster is None:
+        return spec.resources.partition
+    return spec.resources.partition or cluster.default_partition
+
+
+def _add_exclude(current: str | None, nodes: str) -> str:
+    have = [n for n in (current or "").split(",") if n]
+    for node in nodes.split(","):
+        if node and node not in have and node != "None":
+            have.append(node)
+    return ",".join(have)
+
+
+def plan(
+    spec: JobSpec,
+    attempts_so_far: int,
+    diagnosis: Diagnosis,
+    last_nodes: str,
+    cluster: ClusterInfo | None,
+    suspect_nodes: dict[str, int] | None = None,
+) -> Resubmit | Stop:
+    res = spec.resources
+    bound = spec.recovery.max_attempts
+    if not diagnosis.retryable:
+        return Stop(f"{diagnosis.summary} Not retried: {diagnosis.suggestion}.")
+    if attempts_so_far >= bound:
+        return Stop(f"gave up after {attempts_so_far} attempt(s) (recovery.max_attempts={bound}): {diagnosis.summary}")
+    part = _partition(spec, cluster)
+    if diagnosis.cause == "host_oom":
+        current = mem_to_mb(res.mem) if res.mem else 0
+        largest = None
+        if cluster is not None and part in cluster.partitions:
+            largest = max(
+                (cluster.nodes[n].mem_mb for n in cluster.partitions[part].nodes if n in cluster.nodes), default=None
+            )
+        wanted = int(max(current, 1) * MEM_FACTOR)
+        new = min(wanted, largest) if largest else wanted
+        if new <= current:
+            return Stop(
+                f"{diagnosis.summary} It already asks for {res.mem}, the most a node of partition {part!r} "
+                "has; reduce the job's memory use (batch size, data loader workers)."
+            )
+        new_mem = _fmt_mb(new)
+        return Resubmit(
+            dataclasses.replace(res, mem=new_mem),
+            f"host OOM at --mem={res.mem}: resubmit with --mem={new_mem}",
+            {"mem": (res.mem, new_mem)},
+        )
+    if diagnosis.cause == "time_limit":
+        current_s = slurm_time_to_seconds(res.time)
+        limit = cluster.partitions[part].max_time_s if cluster is not None and part in cluster.partitions else None
+        new_s = int(current_s * TIME_FACTOR)
+        if limit is not None:
+            new_s = min(new_s, limit)
+        if new_s <= current_s:
+            return Stop(
+                f"{diagnosis.summary} It already asks for {res.time}, partition {part!r}'s limit; "
+                "checkpoint more often or use a partition with a longer limit."
+            )
+        new_time = _fmt_time(new_s)
+        return Resubmit(
+            dataclasses.replace(res, time=new_time),
+            f"time limit {res.time} reached: resubmit with --time={new_time}",
+            {"time": (res.time, new_time)},
+        )
+    if diagnosis.cause in NODE_SUSPECT_CAUSES and last_nodes:
+        seen = dict(suspect_nodes or {})
+        # a node failure excludes at once; GPU/NCCL errors only when the same node failed before
+        repeat = any(seen.get(n, 0) >= 1 for n in last_nodes.split(","))
+        if diagnosis.cause == "node_failure" or repeat:
+            excl = _add_exclude(res.exclude, last_nodes)
+            return Resubmit(
+                dataclasses.replace(res, exclude=excl),
+                f"{diagnosis.cause} on {last_nodes}: resubmit excluding {excl}",
+                {"exclude": (res.exclude, excl)},
+            )
+    return Resubmit(res, f"{diagnosis.cause}: resubmit unchanged (attempt {attempts_so_far + 1} of {bound})", {})
