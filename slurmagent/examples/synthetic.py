@@ -34,6 +34,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     step_time = float(syn.get("step_time_s", 0.0))
     ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
     state = CounterState()
+    # memory held for the whole run: lets tests drive a job over its --mem (a real cgroup OOM)
+    ballast = bytearray(int(syn.get("alloc_mb", 0)) * 2**20)
+    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is really resident
     ctx = current()
     loop = StepLoop(ctx, state, total_steps=steps, conf=ck)
     for step in loop:

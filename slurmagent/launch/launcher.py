@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -131,7 +132,14 @@ class ArrayLauncher(Launcher):
                 jobs = executor.map_array(runner, part)
                 now = time.time()
                 for payload, job in zip(part, jobs, strict=True):
-                    records.append(TaskRecord(payload.index, list(payload.overrides), [Attempt(str(job.job_id), now)]))
+                    records.append(
+                        TaskRecord(
+                            payload.index,
+                            list(payload.overrides),
+                            [Attempt(str(job.job_id), now)],
+                            spec=dataclasses.asdict(spec),
+                        )
+                    )
                 if backend == "slurm" and jobs:
                     array_ids.append(str(jobs[0].job_id).split("_")[0])
         records.sort(key=lambda r: r.index)
@@ -141,7 +149,19 @@ class ArrayLauncher(Launcher):
                 existing.tasks.extend(records)
                 existing.array_ids.extend(array_ids)
         else:
-            store.create(SweepState(str(sweep_dir), backend, str(folder), time.time(), records, array_ids))
+            store.create(
+                SweepState(
+                    str(sweep_dir),
+                    backend,
+                    str(folder),
+                    time.time(),
+                    records,
+                    array_ids,
+                    context_path=str(ctx_path),
+                    launcher=dataclasses.asdict(conf),
+                    job_name=name,
+                )
+            )
         console.print(
             f"[slurmagent] {len(records)} task(s) submitted to {backend} as {len(array_ids) or len(records)} "
             f"{'array(s) ' + ', '.join(array_ids) if array_ids else 'local process(es)'} in "

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import pickle
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -60,21 +61,23 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def _dumps(obj: Any) -> bytes:
-    try:
-        import torch
-    except ImportError:  # torch is an extra; plain pickle serves non-tensor state
+    """torch.save when torch is in use (state with tensors), else plain pickle: a job that
+    never imported torch does not pay ~200 MB of memory for importing it here."""
+    if "torch" not in sys.modules:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    import torch
+
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
 
 
 def _loads(data: bytes) -> Any:
-    try:
+    if data[:2] == b"PK":  # torch.save's zip format
         import torch
-    except ImportError:
-        return pickle.loads(data)
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    return pickle.loads(data)  # our own checkpoint files
 
 
 class CheckpointManager:

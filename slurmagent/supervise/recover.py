@@ -62,7 +62,13 @@ class Recoverer:
         if task.state not in RECOVERABLE_STATES or not task.spec or task.job_id is None:
             return
         attempt = task.attempts[-1]
-        diag = diagnose(task.state, task_logs(state, task.job_id))
+        logs = task_logs(state, task.job_id)
+        command_err = Path(state.sweep_dir) / str(task.index) / "command.stderr"  # task.command's own stderr
+        if command_err.exists():
+            logs[str(command_err)] = command_err.read_text(errors="replace")[-LOG_TAIL_BYTES:]
+        if task.error:
+            logs["task error"] = task.error
+        diag = diagnose(task.state, logs)
         task.diagnosis = diag.to_json()
         if diag.cause in NODE_SUSPECT_CAUSES:
             for node in filter(None, attempt.nodes.split(",")):

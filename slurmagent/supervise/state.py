@@ -43,6 +43,8 @@ class TaskRecord:
     state: str = "PENDING"  # state of the latest attempt
     result: Any = None  # JSON form of the return value, when it completed
     error: str = ""  # failure summary: state, reason, last stderr lines
+    spec: dict[str, Any] = field(default_factory=dict)  # the JobSpec of the latest attempt (for resubmission)
+    diagnosis: dict[str, Any] | None = None  # the last failure's diagnosis (recovery/diagnose.py)
 
     @property
     def job_id(self) -> str | None:
@@ -62,6 +64,10 @@ class SweepState:
     tasks: list[TaskRecord]
     array_ids: list[str] = field(default_factory=list)  # Slurm array job ids of the sweep
     finished_at: float | None = None
+    context_path: str = ""  # the pickled Hydra context jobs are built from (for resubmission)
+    launcher: dict[str, Any] = field(default_factory=dict)  # hydra.launcher options of the sweep
+    job_name: str = ""  # Slurm job name of the sweep's jobs
+    suspect_nodes: dict[str, int] = field(default_factory=dict)  # node → failures blamed on it
 
     @property
     def done(self) -> bool:

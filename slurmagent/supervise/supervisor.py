@@ -19,6 +19,7 @@ from rich.text import Text
 from submitit.core.utils import JobPaths
 
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI, TaskStatus
+from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class Supervisor:
         self._no_result_seen: dict[str, int] = {}
         self.queries = 0
         self.results: dict[int, Any] = {}  # index → raw return (JobReturn) read from pickles
+        self.recoverer = Recoverer(self.store.dir, self.slurm)
 
     # -- one poll ---------------------------------------------------------------
     def _statuses(self, state: SweepState, pending: list[TaskRecord]) -> dict[str, TaskStatus]:
@@ -119,6 +121,8 @@ class Supervisor:
             statuses = self._statuses(state, pending)
             for task in pending:
                 changed |= self._update_task(state, task, statuses)
+                if task.done and task.state != "COMPLETED":
+                    self.recoverer.handle(state, task)  # may resubmit it as its next attempt
         return changed
 
     def _update_task(self, state: SweepState, task: TaskRecord, statuses: dict[str, TaskStatus]) -> bool:
