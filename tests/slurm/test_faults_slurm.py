@@ -46,7 +46,7 @@ def test_host_oom_is_resubmitted_with_more_memory_and_finishes(slurm_conf: str, 
     assert proc.returncode == 0, proc.stderr
     task = state["tasks"][0]
     assert task["state"] == "COMPLETED" and task["result"]["steps"] == 20
-    assert [a["state"] for a in task["attempts"]][0] == "OUT_OF_MEMORY"
+    assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and len(task["attempts"]) == 2
     assert task["spec"]["resources"]["mem"] == "384M"
     records = audit(tmp_path)
     assert [r["type"] for r in records[:2]] == ["decision", "outcome"]
