@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from slurmagent.config import job_spec
 from slurmagent.errors import ConfigError, SlurmAgentError, TaskFailedError
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
-from slurmagent.runtime.loop import StopForRequeue
+from slurmagent.runtime.loop import StopForRequeue, own_job_signals, release_job_signals
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ def run_task(cfg: DictConfig) -> Any:
     ctx = build_context(cfg)
     set_current(ctx)
     os.environ.update(ctx.to_env())
+    if spec.task.target is not None and ctx.backend in ("slurm", "local"):
+        own_job_signals((spec.recovery.signal, "TERM"))
     try:
         if spec.task.target is not None:
             return resolve_target(spec.task.target)(cfg)
@@ -88,6 +90,7 @@ def run_task(cfg: DictConfig) -> Any:
         raise
     finally:
         set_current(None)
+        release_job_signals()
 
 
 def handle_stop(ctx: JobContext, stop: StopForRequeue) -> None:
@@ -102,7 +105,9 @@ def handle_stop(ctx: JobContext, stop: StopForRequeue) -> None:
         state = slurm.run(["squeue", "-h", "-j", ctx.slurm_requeue_id, "-o", "%T"], check=False).strip()
     except SlurmAgentError:
         state = ""
-    if stop.signum == signal.SIGTERM or (state and state != "RUNNING"):
+    # preemption sends SIGTERM (with SIGCONT and, with preempt_send_user_signal, the user
+    # signal at the same moment): Slurm requeues a preempted job itself
+    if signal.SIGTERM in stop.signals or (state and state != "RUNNING"):
         log.warning(
             "stopped at step %d: Slurm is ending this job (state %s); it requeues preempted jobs itself",
             stop.step,

@@ -116,6 +116,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "attempts": [a.__dict__ for a in t.attempts],
                     "result": t.result,
                     "error": t.error,
+                    "diagnosis": t.diagnosis,
                 }
                 for t in state.tasks
             ],
@@ -179,6 +180,96 @@ def cmd_render(args: argparse.Namespace) -> int:
     return render_cli(args.output, args.overrides, args.mode)
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Diagnose a finished job (by Slurm id) or every failed task of a sweep directory."""
+    from slurmagent.recovery.diagnose import Diagnosis, diagnose
+    from slurmagent.slurm.seam import SlurmCLI, parse_sacct
+    from slurmagent.supervise.recover import task_logs
+    from slurmagent.supervise.state import SweepStore
+
+    target = str(args.target)
+    found: list[tuple[str, Diagnosis]] = []
+    logs: dict[str, str]
+    if Path(target).is_dir():
+        state = SweepStore(target).load()
+        for t in state.tasks:
+            if t.state != "COMPLETED" and t.done and t.job_id:
+                logs = task_logs(state, t.job_id)
+                if t.error:
+                    logs["task error"] = t.error
+                found.append((f"task {t.index} ({t.job_id}, {t.state})", diagnose(t.state, logs)))
+    else:
+        slurm = SlurmCLI()
+        status = parse_sacct(
+            slurm.run(
+                [
+                    "sacct",
+                    "-n",
+                    "--parsable2",
+                    "--duplicates",
+                    "-j",
+                    target,
+                    "-o",
+                    "JobID,State,ExitCode,Reason,NodeList",
+                ]
+            )
+        ).get(target)
+        if status is None:
+            print(f"slurmagent: error: Slurm accounting knows no job {target}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        logs = {}
+        show = slurm.run(["scontrol", "show", "job", "-o", target], check=False)
+        for field in show.split():
+            key, _, value = field.partition("=")
+            if key in ("StdErr", "StdOut") and value:
+                # the batch log, and beside it the job steps' logs (submitit: <id>_<rank>_log.err)
+                for path in {Path(value), *Path(value).parent.glob(f"{target}_*log.*")}:
+                    if path.is_file():
+                        logs[str(path)] = path.read_text(errors="replace")[-200_000:]
+                logs.update(_result_logs(Path(value).parent, target))
+        found.append(
+            (
+                f"job {target} ({status.state}, exit {status.exit_code}, nodes {status.nodes})",
+                diagnose(status.state, logs),
+            )
+        )
+    if not found:
+        print("no failed task: nothing to diagnose")
+        return EXIT_OK
+    for name, diag in found:
+        if args.json:
+            print(json.dumps({"target": name, **diag.to_json()}))
+            continue
+        print(f"{name}: {diag.summary}")
+        print(f"  cause: {diag.cause}; retryable: {diag.retryable}; suggestion: {diag.suggestion}")
+        for ev in diag.evidence:
+            print(f"  {ev.source}:{ev.line}: {ev.text}")
+    return EXIT_FAILED
+
+
+def _result_logs(folder: Path, job_id: str) -> dict[str, str]:
+    """A slurmagent job's own record of its failure: the error in its result file and the
+    logs in its output directory (Hydra's job log, a command's stderr)."""
+    from slurmagent.supervise.supervisor import read_result, unwrap_return
+
+    out: dict[str, str] = {}
+    for pkl in folder.glob(f"{job_id}_*result.pkl"):
+        res = read_result(pkl)
+        if res is None:
+            continue
+        kind, value = res
+        ok, _, err = unwrap_return(value) if kind == "success" else (False, None, str(value))
+        if not ok:
+            out[str(pkl)] = err
+        output_dir = getattr(getattr(getattr(value, "hydra_cfg", None), "hydra", None), "runtime", None)
+        if output_dir is not None:
+            for name in ("command.stderr", "app.log"):
+                path = Path(str(output_dir.output_dir)) / name
+                if path.is_file():
+                    out[str(path)] = path.read_text(errors="replace")[-200_000:]
+    return out
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     from slurmagent import __version__
 
@@ -209,6 +300,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         default=None,
         help="how the job starts: through slurmagent's runtime (python) or the task's command line",
     )
+    dr = sub.add_parser("doctor", help="diagnose a finished job (JOB_ID) or a sweep's failed tasks (SWEEP_DIR)")
+    dr.add_argument("target", help="a Slurm job id (123 or 123_4) or a sweep directory")
+    dr.add_argument("--json", action="store_true")
     sub.add_parser("version", help="print the version")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "status": cmd_status,
@@ -216,11 +310,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "cancel": cmd_cancel,
         "render": cmd_render,
         "version": cmd_version,
+        "doctor": cmd_doctor,
     }
     return p, handlers
 
 
-SUBCOMMANDS = ("status", "watch", "cancel", "render", "version")
+SUBCOMMANDS = ("status", "watch", "cancel", "render", "version", "doctor")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

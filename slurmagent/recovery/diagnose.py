@@ -229,7 +229,7 @@ def diagnose(state: str | None, logs: Mapping[str, str], max_evidence: int = 3) 
     )
 
 
-_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception)|Traceback|error:|Error:|FATAL|fatal:)")
+_ERROR_LINE = re.compile(r"\b[\w.]*(Error|Exception): |\berror: |\bFATAL\b|\bfatal: ")
 
 
 def _last_error_line(logs: Mapping[str, str]) -> Evidence | None:

@@ -71,6 +71,14 @@ def plan(
     if attempts_so_far >= bound:
         return Stop(f"gave up after {attempts_so_far} attempt(s) (recovery.max_attempts={bound}): {diagnosis.summary}")
     part = _partition(spec, cluster)
+    if diagnosis.cause == "gpu_oom":
+        # the runtime's MicroBatcher halves the micro-batch in process first; reaching here
+        # means that was not used or not enough. Slurm does not report GPU memory per type,
+        # so a move to a bigger GPU is left to a person.
+        return Stop(
+            f"{diagnosis.summary} Not retried unchanged: use slurmagent.runtime.adapt.MicroBatcher (halves the "
+            "micro-batch with gradient accumulation) or set resources.gpu_type to a GPU with more memory."
+        )
     if diagnosis.cause == "host_oom":
         current = mem_to_mb(res.mem) if res.mem else 0
         largest = None

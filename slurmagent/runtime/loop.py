@@ -33,9 +33,10 @@ class Stateful(Protocol):
 class StopForRequeue(SystemExit):
     """Raised by the loop after a signal-triggered checkpoint: the job should end now."""
 
-    def __init__(self, signum: int, step: int) -> None:
-        self.signum = signum
-        self.step = step
+    def __init__(self, signum: int, step: int, signals: tuple[int, ...] = ()) -> None:
+        self.signum = signum  # the first signal
+        self.step = step  # steps done (the checkpoint's step)
+        self.signals = signals or (signum,)  # every signal received, in order
         super().__init__(0)
 
 
@@ -73,6 +74,24 @@ def signal_number(name: str) -> int:
     return int(getattr(signal, f"SIG{name}"))
 
 
+_job_flag: StopFlag | None = None
+
+
+def own_job_signals(stop_signals: tuple[str, ...] = ("USR2", "TERM")) -> StopFlag:
+    """Take the stop signals for the whole job, from its start: a preemption that arrives
+    while the task is still importing or loading data is remembered, and the first step
+    loop stops at once. Replaces submitit's handlers (which only log SIGTERM)."""
+    global _job_flag
+    _job_flag = StopFlag()
+    install_handlers(_job_flag, [signal_number(s) for s in stop_signals] + [signal.SIGCONT])
+    return _job_flag
+
+
+def release_job_signals() -> None:
+    global _job_flag
+    _job_flag = None
+
+
 class StepLoop:
     """`for step in loop:` yields the steps still to run, checkpointing as configured.
 
@@ -97,7 +116,7 @@ class StepLoop:
         self.total_steps = total_steps
         self.conf = conf or CheckpointConf()
         self.manager = CheckpointManager(ctx.checkpoint_dir, keep_last=self.conf.keep_last)
-        self.flag = StopFlag()
+        self.flag = _job_flag if _job_flag is not None else StopFlag()
         self._clock = clock
         self._signals = [signal_number(s) for s in stop_signals] + [signal.SIGCONT]
         self._install = install_signal_handlers
@@ -143,9 +162,12 @@ class StepLoop:
         return bool(self.conf.every_seconds and self._clock() - self._last_save >= self.conf.every_seconds)
 
     def __iter__(self) -> Iterator[int]:
-        previous = install_handlers(self.flag, self._signals) if self._install else {}
+        owned = self.flag is _job_flag  # the job wrapper already owns the signals
+        previous = install_handlers(self.flag, self._signals) if self._install and not owned else {}
         try:
             self.restore()
+            if self.flag.set:  # stopped before the first step: nothing new to save
+                raise StopForRequeue(int(self.flag.signum or 0), self.start_step, tuple(self.flag.history))
             for step in range(self.start_step, self.total_steps):
                 self.step = step
                 yield step
@@ -153,7 +175,7 @@ class StepLoop:
                 if self.flag.set:
                     self.save(done)
                     log.warning("signal %s: checkpointed at step %d, stopping for requeue", self.flag.signum, done)
-                    raise StopForRequeue(int(self.flag.signum or 0), done)
+                    raise StopForRequeue(int(self.flag.signum or 0), done, tuple(self.flag.history))
                 if done < self.total_steps and self._due(done):
                     self.save(done)
             self.step = self.total_steps

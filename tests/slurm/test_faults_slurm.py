@@ -67,6 +67,13 @@ def test_missing_data_file_is_diagnosed_not_retried(slurm_conf: str, tmp_path: P
     assert "The path '/nonexistent/data/train/labels.csv' does not exist" in task["error"]
     assert "Not retried" in proc.stderr or "Not retried" in task["error"]
     assert audit(tmp_path) == []  # nothing automated happened
+    doctor = subprocess.run(
+        [sys.executable, "-m", "slurmagent", "doctor", task["attempts"][-1]["job_id"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "cause: missing_path; retryable: False" in doctor.stdout, doctor.stdout + doctor.stderr
 
 
 def test_code_that_always_crashes_ends_after_one_attempt(slurm_conf: str, tmp_path: Path) -> None:

@@ -69,6 +69,11 @@ def test_failed_task_is_reported_with_its_reason(tmp_path: Path) -> None:
     assert "exited with code 3" in proc.stderr and "data/train/ has no JPEG files" in proc.stderr
     data = json.loads(cli(["status", str(sweep), "--json"], tmp_path).stdout)
     assert data["tasks"][0]["state"] == "FAILED"
+    assert data["tasks"][0]["diagnosis"]["cause"] == "crash"
+    doctor = cli(["doctor", str(sweep)], tmp_path)
+    assert doctor.returncode == 1  # there is a failure to report
+    assert "task 0" in doctor.stdout and "cause: crash; retryable: False" in doctor.stdout
+    assert "exited with code 3" in doctor.stdout
 
 
 def test_command_mode_gets_context_and_returns_result_json(tmp_path: Path) -> None:
