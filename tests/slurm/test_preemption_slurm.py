@@ -94,10 +94,17 @@ def test_digits_preempted_three_times_matches_uninterrupted(slurm_conf: str, tmp
     assert got["attempt"] == 4 and got["resumed_from"] and got["resumed_from"] < 1000
     assert got["state_hash"] == want["state_hash"]  # bit-identical parameters
     assert got["val_acc"] == want["val_acc"]
-    history = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert history.count("PREEMPTED") + history.count("REQUEUED") >= 3 and history[-1] == "COMPLETED", history
+    history: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the result is written just before the job ends
+        out = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        history = out.split()
+        if history and history[-1] == "COMPLETED":
+            break
+        time.sleep(1)
+    assert history.count("PREEMPTED") >= 3 and history[-1] == "COMPLETED", history
