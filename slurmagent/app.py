@@ -13,14 +13,14 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmagent.config import job_spec
+from slurmagent.config import JobSpec, job_spec
 from slurmagent.errors import ConfigError, SlurmAgentError, TaskFailedError
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.loop import StopForRequeue, own_job_signals, release_job_signals
@@ -47,13 +47,10 @@ def spec_dict(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-def build_context(cfg: DictConfig) -> JobContext:
-    spec = job_spec(spec_dict(cfg))
+def build_context(spec: JobSpec) -> JobContext:
     out = _output_dir()
     ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else out / "checkpoints"
     ctx = context_from_env(output_dir=out, checkpoint_dir=ckpt)
-    from dataclasses import asdict, replace
-
     return replace(ctx, resources=asdict(spec.resources))
 
 
@@ -75,7 +72,7 @@ def resolve_target(target: str) -> Callable[..., Any]:
 def run_task(cfg: DictConfig) -> Any:
     """Hydra task function of `python -m slurmagent`."""
     spec = job_spec(spec_dict(cfg))
-    ctx = build_context(cfg)
+    ctx = build_context(spec)
     set_current(ctx)
     os.environ.update(ctx.to_env())
     if spec.task.target is not None and ctx.backend in ("slurm", "local"):
@@ -146,7 +143,3 @@ def run_command(argv: list[str], ctx: JobContext) -> Any:
     if result_file.exists():
         return json.loads(result_file.read_text())
     return None
-
-
-def print_error(exc: BaseException) -> None:
-    print(f"slurmagent: error: {exc}", file=sys.stderr)

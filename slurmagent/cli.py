@@ -183,41 +183,24 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Diagnose a finished job (by Slurm id) or every failed task of a sweep directory."""
     from slurmagent.recovery.diagnose import Diagnosis, diagnose
-    from slurmagent.slurm.seam import SlurmCLI, parse_sacct
-    from slurmagent.supervise.recover import task_logs
+    from slurmagent.slurm.seam import SlurmCLI
+    from slurmagent.supervise.recover import collect_logs
     from slurmagent.supervise.state import SweepStore
 
     target = str(args.target)
     found: list[tuple[str, Diagnosis]] = []
-    logs: dict[str, str]
     if Path(target).is_dir():
         state = SweepStore(target).load()
         for t in state.tasks:
             if t.state != "COMPLETED" and t.done and t.job_id:
-                logs = task_logs(state, t.job_id)
-                if t.error:
-                    logs["task error"] = t.error
-                found.append((f"task {t.index} ({t.job_id}, {t.state})", diagnose(t.state, logs)))
+                found.append((f"task {t.index} ({t.job_id}, {t.state})", diagnose(t.state, collect_logs(state, t))))
     else:
         slurm = SlurmCLI()
-        status = parse_sacct(
-            slurm.run(
-                [
-                    "sacct",
-                    "-n",
-                    "--parsable2",
-                    "--duplicates",
-                    "-j",
-                    target,
-                    "-o",
-                    "JobID,State,ExitCode,Reason,NodeList",
-                ]
-            )
-        ).get(target)
+        status = slurm.statuses([target]).get(target)
         if status is None:
             print(f"slurmagent: error: Slurm accounting knows no job {target}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        logs = {}
+        logs: dict[str, str] = {}
         show = slurm.run(["scontrol", "show", "job", "-o", target], check=False)
         for field in show.split():
             key, _, value = field.partition("=")

@@ -174,6 +174,16 @@ def slurm_time_to_seconds(text: str) -> int:
     return ((days * 24 + h) * 60 + m) * 60 + s
 
 
+def seconds_to_slurm_time(seconds: int | None) -> str:
+    """Seconds → Slurm time syntax (HH:MM:SS, or D-HH:MM:SS past a day); None → "infinite"."""
+    if seconds is None:
+        return "infinite"
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
 def validate_resources(res: ResourcesConf) -> None:
     """Checks that need no cluster: ranges and syntax. Cluster fit is slurm/cluster.py."""
     for key in ("nodes", "tasks_per_node", "cpus_per_task"):

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from slurmagent import __version__
 from slurmagent.config import JobSpec, job_spec
 from slurmagent.errors import ConfigError
+from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
 
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")
@@ -80,9 +81,7 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
     assert isinstance(body, dict)
     body["hydra"] = {"run": {"dir": str(run_dir)}, "job": {"chdir": False}, "output_subdir": ".hydra"}
     config_path = run_dir / "config.yaml"
-    tmp = config_path.with_suffix(".yaml.tmp")
-    tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(body)))
-    tmp.replace(config_path)
+    atomic_write(config_path, OmegaConf.to_yaml(OmegaConf.create(body)).encode())
 
     name = safe_job_name(str(cfg.get("name", "") or _experiment_name(overrides)))
     text = (
@@ -104,10 +103,8 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
         )
     )
     script = run_dir / "job.sbatch"
-    tmp_script = script.with_suffix(".sbatch.tmp")
-    tmp_script.write_text(text)
-    tmp_script.chmod(0o755)
-    tmp_script.replace(script)
+    atomic_write(script, text.encode())
+    script.chmod(0o755)
     return Rendered(script, config_path, run_dir)
 
 

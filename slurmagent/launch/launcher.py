@@ -175,18 +175,14 @@ class ArrayLauncher(Launcher):
         sup = Supervisor(sweep_dir, self.slurm, conf.poll_interval_s, conf.max_poll_interval_s, console)
         state = sup.wait()
         console.print(sweep_table(state))
-        return [
-            self._job_return(task, sup.results.get(task.index), config)
-            for task in state.tasks
-            if task.index in {r.index for r in records}
-        ]
+        mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
+        return [self._job_return(task, sup.results.get(task.index)) for task in state.tasks if task.index in mine]
 
     @staticmethod
-    def _job_return(task: TaskRecord, raw: Any, config: DictConfig) -> JobReturn:
+    def _job_return(task: TaskRecord, raw: Any) -> JobReturn:
         if isinstance(raw, JobReturn) and task.state == "COMPLETED":
             return raw
         ret = JobReturn(overrides=task.overrides, status=JobStatus.FAILED)
         ret.cfg = OmegaConf.create({})
         ret.return_value = TaskFailedError(f"task {task.index} ({' '.join(task.overrides)}): {task.error}")
-        del config
         return ret

@@ -14,6 +14,7 @@ from typing import Any
 
 import cloudpickle
 
+from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.runtime.context import ENV_PREFIX
 
 
@@ -26,18 +27,17 @@ class TaskPayload:
 
 def write_context(path: Path, hydra_context: Any, task_function: Any, config: Any, singleton_state: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        cloudpickle.dump(
+    atomic_write(
+        path,
+        cloudpickle.dumps(
             {
                 "hydra_context": hydra_context,
                 "task_function": task_function,
                 "config": config,
                 "singleton_state": singleton_state,
             },
-            fh,
-        )
-    os.replace(tmp, path)
+        ),
+    )
 
 
 @dataclass(frozen=True)

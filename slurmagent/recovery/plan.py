@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from slurmagent.config import JobSpec, ResourcesConf, mem_to_mb, slurm_time_to_seconds
+from slurmagent.config import JobSpec, ResourcesConf, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
 from slurmagent.recovery.diagnose import Diagnosis
 from slurmagent.slurm.cluster import ClusterInfo
 
@@ -33,13 +33,6 @@ class Stop:
 
 def _fmt_mb(mb: int) -> str:
     return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
-
-
-def _fmt_time(seconds: int) -> str:
-    d, rem = divmod(seconds, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
 def _partition(spec: JobSpec, cluster: ClusterInfo | None) -> str | None:
@@ -110,7 +103,7 @@ def plan(
                 f"{diagnosis.summary} It already asks for {res.time}, partition {part!r}'s limit; "
                 "checkpoint more often or use a partition with a longer limit."
             )
-        new_time = _fmt_time(new_s)
+        new_time = seconds_to_slurm_time(new_s)
         return Resubmit(
             dataclasses.replace(res, time=new_time),
             f"time limit {res.time} reached: resubmit with --time={new_time}",

@@ -7,9 +7,9 @@ before anything is submitted, naming the key and the valid values.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from slurmagent.config import ResourcesConf, mem_to_mb, slurm_time_to_seconds
+from slurmagent.config import ResourcesConf, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
 from slurmagent.errors import ConfigError, choices
 from slurmagent.slurm.seam import SlurmCLI, parse_scontrol_config
 
@@ -37,7 +37,6 @@ class ClusterInfo:
     partitions: dict[str, PartitionInfo]
     nodes: dict[str, NodeInfo]
     max_array_size: int = 1001
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def default_partition(self) -> str | None:
@@ -107,15 +106,6 @@ def parse_cluster(nodes_out: str, parts_out: str, config: dict[str, str]) -> Clu
     return ClusterInfo(partitions=partitions, nodes=nodes, max_array_size=max_array)
 
 
-def _fmt_time(seconds: int | None) -> str:
-    if seconds is None:
-        return "infinite"
-    d, rem = divmod(seconds, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
-
-
 def check_fits(res: ResourcesConf, cluster: ClusterInfo) -> None:
     """Refuse a spec the cluster cannot run: partition, GPU type, CPUs, memory, time."""
     part_name = res.partition or cluster.default_partition
@@ -173,5 +163,6 @@ def check_fits(res: ResourcesConf, cluster: ClusterInfo) -> None:
     seconds = slurm_time_to_seconds(res.time)
     if part.max_time_s is not None and seconds > part.max_time_s:
         raise ConfigError(
-            f"resources.time={res.time!r} exceeds the limit of partition {part_name!r} ({_fmt_time(part.max_time_s)})"
+            f"resources.time={res.time!r} exceeds the limit of partition {part_name!r} "
+            f"({seconds_to_slurm_time(part.max_time_s)})"
         )

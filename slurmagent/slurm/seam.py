@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -82,9 +81,6 @@ class SlurmCLI:
         return True
 
     # -- queries --------------------------------------------------------------------
-    def config_value(self, key: str) -> str | None:
-        return parse_scontrol_config(self.run(["scontrol", "show", "config"])).get(key)
-
     def statuses(self, job_ids: Iterable[str]) -> dict[str, TaskStatus]:
         """One sacct call for many jobs (array ids expand to their tasks)."""
         ids = sorted(set(job_ids))
@@ -111,14 +107,6 @@ class SlurmCLI:
 
     def requeue(self, job_id: str) -> None:
         self.run(["scontrol", "requeue", job_id])
-
-    def wait_until(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(interval)
-        return False
 
 
 def parse_scontrol_config(text: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ def task_logs(state: SweepState, job_id: str) -> dict[str, str]:
 
     paths = JobPaths(state.submitit_folder, job_id=job_id, task_id=0)
     out: dict[str, str] = {}
-    for path in (paths.stderr, paths.stdout, Path(str(paths.stdout).replace("_0_log.out", "_log.out"))):
+    for path in (paths.stderr, paths.stdout):
         try:
             with open(path, "rb") as fh:
                 fh.seek(0, 2)
@@ -41,6 +41,18 @@ def task_logs(state: SweepState, job_id: str) -> dict[str, str]:
         except OSError:
             continue
     return out
+
+
+def collect_logs(state: SweepState, task: TaskRecord) -> dict[str, str]:
+    """Everything that tells why a task failed: its job's logs, a command's own stderr, and
+    the error it raised."""
+    logs = task_logs(state, task.job_id) if task.job_id else {}
+    command_err = Path(state.sweep_dir) / str(task.index) / "command.stderr"  # task.command's own stderr
+    if command_err.exists():
+        logs[str(command_err)] = command_err.read_text(errors="replace")[-LOG_TAIL_BYTES:]
+    if task.error:
+        logs["task error"] = task.error
+    return logs
 
 
 class Recoverer:
@@ -62,13 +74,7 @@ class Recoverer:
         if task.state not in RECOVERABLE_STATES or not task.spec or task.job_id is None:
             return
         attempt = task.attempts[-1]
-        logs = task_logs(state, task.job_id)
-        command_err = Path(state.sweep_dir) / str(task.index) / "command.stderr"  # task.command's own stderr
-        if command_err.exists():
-            logs[str(command_err)] = command_err.read_text(errors="replace")[-LOG_TAIL_BYTES:]
-        if task.error:
-            logs["task error"] = task.error
-        diag = diagnose(task.state, logs)
+        diag = diagnose(task.state, collect_logs(state, task))
         task.diagnosis = diag.to_json()
         if diag.cause in NODE_SUSPECT_CAUSES:
             for node in filter(None, attempt.nodes.split(",")):

@@ -17,12 +17,11 @@ from filelock import FileLock
 
 from slurmagent.errors import SweepStateError
 from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.slurm.seam import TERMINAL_STATES
 
 STATE_FILE = "sweep.json"
 LOCK_FILE = ".sweep.lock"
-DONE_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "LOST"}
-)
+DONE_STATES = TERMINAL_STATES  # a task is done when its latest job is
 
 
 @dataclass
