@@ -20,10 +20,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmagent.config import JobSpec, job_spec
+from slurmagent.config import JobSpec, RecoveryConf, job_spec, slurm_time_to_seconds
 from slurmagent.errors import ConfigError, SlurmAgentError, TaskFailedError
+from slurmagent.gate import Action, AuditLog, Gate
+from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
-from slurmagent.runtime.loop import StopForRequeue, own_job_signals, release_job_signals
+from slurmagent.runtime.loop import StopForRequeue, own_job_signals, release_job_signals, signal_number
 
 log = logging.getLogger(__name__)
 
@@ -76,43 +78,143 @@ def run_task(cfg: DictConfig) -> Any:
     set_current(ctx)
     os.environ.update(ctx.to_env())
     if spec.task.target is not None and ctx.backend in ("slurm", "local"):
-        own_job_signals((spec.recovery.signal, "TERM"))
+        own_job_signals((spec.recovery.signal, "TERM"), grace=GraceWindow(spec.recovery, ctx.backend))
     try:
         if spec.task.target is not None:
             return resolve_target(spec.task.target)(cfg)
         assert spec.task.command is not None
         return run_command(spec.task.command, ctx)
     except StopForRequeue as stop:
-        handle_stop(ctx, stop)
+        handle_stop(ctx, stop, spec.recovery)
         raise
     finally:
         set_current(None)
         release_job_signals()
 
 
-def handle_stop(ctx: JobContext, stop: StopForRequeue) -> None:
-    """After a signal checkpoint: requeue this job unless Slurm is already doing so."""
+class GraceWindow:
+    """Seconds a job may still run after a stop signal: the user signal comes
+    `recovery.signal_delay_s` before the time limit; after SIGTERM, Slurm kills at KillWait
+    (asked from Slurm once, on the first SIGTERM, unless `recovery.kill_wait_s` is set)."""
+
+    def __init__(self, recovery: RecoveryConf, backend: str) -> None:
+        self.recovery = recovery
+        self.backend = backend
+        self._kill_wait: float | None = recovery.kill_wait_s
+
+    def __call__(self, signum: int) -> float | None:
+        if signum == signal_number(self.recovery.signal):
+            return float(self.recovery.signal_delay_s)
+        if signum != signal.SIGTERM:
+            return None
+        if self._kill_wait is None and self.backend == "slurm":
+            from slurmagent.slurm.seam import SlurmCLI, parse_scontrol_config
+
+            try:
+                config = parse_scontrol_config(SlurmCLI(timeout=5).run(["scontrol", "show", "config"]))
+                self._kill_wait = float(config.get("KillWait", "30 sec").split()[0])
+            except (SlurmAgentError, ValueError):
+                self._kill_wait = 30.0  # Slurm's default
+        return self._kill_wait
+
+
+def classify_stop(signals: tuple[int, ...], state: str, time_left_s: int | None, signal_delay_s: int) -> str:
+    """Why the job was told to stop, from Slurm's own view of it (pure):
+    `ending` — Slurm is ending the job itself (SIGTERM, or no longer RUNNING: preemption
+    requeues it, a time limit or cancel ends it); `time_limit` — the user signal came and
+    the job's remaining time is within the signal's lead; `signal` — the user signal came
+    with time to spare (preemption with a grace time, or a person's `scancel --signal`)."""
+    if signal.SIGTERM in signals or (state and state != "RUNNING"):
+        return "ending"
+    # Slurm may send the signal up to a minute early (its timer resolution): allow slack
+    if time_left_s is not None and time_left_s <= signal_delay_s + 60:
+        return "time_limit"
+    return "signal"
+
+
+def parse_time_left(text: str) -> int | None:
+    try:
+        return slurm_time_to_seconds(text.strip())
+    except ConfigError:
+        return None  # UNLIMITED, NOT_SET, INVALID
+
+
+TIME_LIMIT_FILE = ".slurmagent-time-limit-requeues.json"
+
+
+def count_time_limit_requeue(ctx: JobContext) -> int:
+    """Time-limit stops of this Slurm job so far, this one included (a resubmission is a
+    new job and starts again from zero)."""
+    path = ctx.output_dir / TIME_LIMIT_FILE
+    job = ctx.slurm_requeue_id or ""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    count = int(saved.get("count", 0)) + 1 if saved.get("job") == job else 1
+    atomic_write(path, json.dumps({"job": job, "count": count}).encode())
+    return count
+
+
+def job_gate(ctx: JobContext) -> Gate:
+    """The action gate as the job itself uses it: the same audit log as the sweep's."""
+    audit = AuditLog((ctx.sweep_dir or ctx.output_dir) / "audit.jsonl")
+    from slurmagent.slurm.seam import SlurmCLI
+
+    def requeue(action: Action) -> dict[str, Any]:
+        SlurmCLI().requeue(action.target)
+        return {"requeued": action.target}
+
+    return Gate(audit, {"requeue": requeue}, job=ctx.slurm_requeue_id or "")
+
+
+def handle_stop(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf | None = None) -> None:
+    """After a signal stop: requeue this job (through the action gate) unless Slurm is
+    already ending it; at the time limit only `recovery.max_time_limit_requeues` times,
+    then fail with a sentence the supervisor turns into a resubmission with more time."""
+    recovery = recovery or RecoveryConf()
     if ctx.backend != "slurm" or ctx.slurm_requeue_id is None:
         log.warning("stopped at step %d on signal %d; no Slurm here to requeue", stop.step, stop.signum)
         return
+    if ctx.rank != 0:
+        return  # rank 0 speaks for the job; every rank stopped at the same step
     from slurmagent.slurm.seam import SlurmCLI
 
-    slurm = SlurmCLI()
     try:
-        state = slurm.run(["squeue", "-h", "-j", ctx.slurm_requeue_id, "-o", "%T"], check=False).strip()
+        out = SlurmCLI().run(["squeue", "-h", "-j", ctx.slurm_requeue_id, "-o", "%T|%r|%L"], check=False)
+        state, reason, left = [*out.strip().split("|"), "", "", ""][:3]
     except SlurmAgentError:
-        state = ""
-    # preemption sends SIGTERM (with SIGCONT and, with preempt_send_user_signal, the user
-    # signal at the same moment): Slurm requeues a preempted job itself
-    if signal.SIGTERM in stop.signals or (state and state != "RUNNING"):
+        state, reason, left = "", "", ""
+    why = classify_stop(stop.signals, state, parse_time_left(left), recovery.signal_delay_s)
+    if why == "ending":
         log.warning(
-            "stopped at step %d: Slurm is ending this job (state %s); it requeues preempted jobs itself",
+            "stopped at step %d: Slurm is ending this job (state %s, reason %s); it requeues preempted jobs itself",
             stop.step,
             state or "unknown",
+            reason or "unknown",
         )
         return
-    log.warning("stopped at step %d on signal %d: requeueing %s", stop.step, stop.signum, ctx.slurm_requeue_id)
-    slurm.requeue(ctx.slurm_requeue_id)
+    metrics = {"step": stop.step, "state": state, "reason": reason, "time_left": left, "signals": list(stop.signals)}
+    if why == "time_limit":
+        count = count_time_limit_requeue(ctx)
+        if count > recovery.max_time_limit_requeues:
+            raise TaskFailedError(
+                f"slurmagent: time limit reached {count} times (recovery.max_time_limit_requeues="
+                f"{recovery.max_time_limit_requeues}); checkpoint at step {stop.step}: resubmit with a longer time"
+            )
+        reason_text = f"time limit near ({left} left): requeue {count} of {recovery.max_time_limit_requeues}"
+    else:
+        reason_text = f"signal {stop.signum} with {left or 'unknown'} left: requeue to resume from step {stop.step}"
+    outcome = job_gate(ctx).request(Action("requeue", ctx.slurm_requeue_id, reason_text, metrics_before=metrics))
+    if outcome.executed:
+        log.warning("stopped at step %d: %s", stop.step, reason_text)
+    else:
+        log.warning(
+            "stopped at step %d: requeue not done (%s: %s); the checkpoint stays for a later run",
+            stop.step,
+            outcome.decision.verdict,
+            outcome.result.get("error") or outcome.decision.rule,
+        )
 
 
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT, signal.SIGINT)

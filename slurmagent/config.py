@@ -56,6 +56,8 @@ class RecoveryConf:
     signal: str = "USR2"  # user signal Slurm sends before the end (USR1 is often NCCL's)
     signal_delay_s: int = 60  # seconds before the time limit that the signal is sent
     max_attempts: int = 5  # attempts per task in all (requeues + resubmissions + the first)
+    max_time_limit_requeues: int = 3  # requeues at the time limit per Slurm job; then resubmit with more time
+    kill_wait_s: float | None = None  # seconds from SIGTERM to SIGKILL; None = Slurm's KillWait (asked on stop)
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,10 @@ def validate_recovery(rc: RecoveryConf) -> None:
         raise ConfigError(f"recovery.signal_delay_s={rc.signal_delay_s} must be at least 1")
     if rc.max_attempts < 1:
         raise ConfigError(f"recovery.max_attempts={rc.max_attempts} must be at least 1")
+    if rc.max_time_limit_requeues < 0:
+        raise ConfigError(f"recovery.max_time_limit_requeues={rc.max_time_limit_requeues} must be 0 or more")
+    if rc.kill_wait_s is not None and rc.kill_wait_s <= 0:
+        raise ConfigError(f"recovery.kill_wait_s={rc.kill_wait_s} must be positive (or null: ask Slurm)")
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,28 @@ RULES: tuple[Rule, ...] = (
         "resubmit with more memory (resources.mem), or lower the data loader's workers/prefetch",
     ),
     _r(
+        "gpu_suspect",
+        r"slurmagent: suspect GPU( on node [\w.-]+)?",
+        True,
+        "A CUDA error persisted over the step's retries while the same batch passes on the CPU: the GPU{g1} is "
+        "suspect.",
+        "resubmit excluding the node and report the GPU to the admins",
+    ),
+    _r(
+        "batch_failed",
+        r"slurmagent: batch of step (\d+) fails on the CPU too",
+        False,
+        "The batch of step {g1} fails on the GPU and on the CPU: a code or data problem, not the hardware.",
+        "inspect that batch (its indices come from the data order at that step) and the code of the step",
+    ),
+    _r(
+        "time_limit",
+        r"slurmagent: time limit reached (\d+) times",
+        True,
+        "The job reached its time limit {g1} times (the bound on time-limit requeues).",
+        "resubmit with a longer time limit (resources.time) within the partition's limit",
+    ),
+    _r(
         "time_limit",
         r"CANCELLED AT \S+ DUE TO TIME LIMIT",
         True,

@@ -15,8 +15,27 @@ from slurmagent.slurm.cluster import ClusterInfo
 MEM_FACTOR = 1.5  # host OOM: ask for this much more memory, up to the largest node's
 TIME_FACTOR = 2.0  # time limit: ask for this much more time, up to the partition's limit
 NODE_SUSPECT_CAUSES = frozenset(
-    {"node_failure", "ecc_error", "xid", "nccl_error", "nccl_timeout", "cuda_illegal_address"}
+    {"node_failure", "ecc_error", "xid", "nccl_error", "nccl_timeout", "cuda_illegal_address", "gpu_suspect"}
 )
+# causes that exclude the node at once; the others only when the same node failed before
+EXCLUDE_AT_ONCE = frozenset({"node_failure", "gpu_suspect"})
+# memory per GPU type in GiB (the largest common variant), to move a GPU OOM to a bigger type;
+# Slurm does not know GPU memory, so this table is the one place that does
+GPU_MEMORY_GIB: dict[str, int] = {
+    "k80": 12,
+    "p100": 16,
+    "t4": 16,
+    "v100": 32,
+    "a10": 24,
+    "l4": 24,
+    "a40": 48,
+    "l40": 48,
+    "l40s": 48,
+    "a100": 80,
+    "h100": 80,
+    "h200": 141,
+    "b200": 180,
+}
 
 
 @dataclass(frozen=True)
@@ -66,12 +85,21 @@ def plan(
     part = _partition(spec, cluster)
     if diagnosis.cause == "gpu_oom":
         # the runtime's MicroBatcher halves the micro-batch in process first; reaching here
-        # means that was not used or not enough. Slurm does not report GPU memory per type,
-        # so a move to a bigger GPU is left to a person.
-        return Stop(
-            f"{diagnosis.summary} Not retried unchanged: use slurmagent.runtime.adapt.MicroBatcher (halves the "
-            "micro-batch with gradient accumulation) or set resources.gpu_type to a GPU with more memory."
-        )
+        # means that was not used or not enough: move to a GPU type with more memory
+        bigger = bigger_gpu(res.gpu_type, cluster)
+        if bigger is None:
+            return Stop(
+                f"{diagnosis.summary} Not retried: no GPU type with more memory than {res.gpu_type or 'the current'}"
+                " one on this cluster; use slurmagent.runtime.adapt.MicroBatcher (halves the micro-batch with "
+                "gradient accumulation) or a smaller model."
+            )
+        new_type, new_part = bigger
+        changes: dict[str, tuple[object, object]] = {"gpu_type": (res.gpu_type, new_type)}
+        new_res = dataclasses.replace(res, gpu_type=new_type)
+        if new_part != part:
+            changes["partition"] = (res.partition, new_part)
+            new_res = dataclasses.replace(new_res, partition=new_part)
+        return Resubmit(new_res, f"GPU OOM on {res.gpu_type}: resubmit on {new_type}", changes)
     if diagnosis.cause == "host_oom":
         current = mem_to_mb(res.mem) if res.mem else 0
         largest = None
@@ -113,7 +141,7 @@ def plan(
         seen = dict(suspect_nodes or {})
         # a node failure excludes at once; GPU/NCCL errors only when the same node failed before
         repeat = any(seen.get(n, 0) >= 1 for n in last_nodes.split(","))
-        if diagnosis.cause == "node_failure" or repeat:
+        if diagnosis.cause in EXCLUDE_AT_ONCE or repeat:
             excl = _add_exclude(res.exclude, last_nodes)
             return Resubmit(
                 dataclasses.replace(res, exclude=excl),
@@ -121,3 +149,23 @@ def plan(
                 {"exclude": (res.exclude, excl)},
             )
     return Resubmit(res, f"{diagnosis.cause}: resubmit unchanged (attempt {attempts_so_far + 1} of {bound})", {})
+
+
+def bigger_gpu(current: str | None, cluster: ClusterInfo | None) -> tuple[str, str] | None:
+    """The smallest GPU type on the cluster with more memory than `current`, and a partition
+    with nodes of that type (the default partition first); None when there is none."""
+    if cluster is None or current is None or current not in GPU_MEMORY_GIB:
+        return None
+    have = GPU_MEMORY_GIB[current]
+    found: dict[str, str] = {}
+    ordered = sorted(cluster.partitions.values(), key=lambda p: not p.default)
+    for p in ordered:
+        for n in p.nodes:
+            node = cluster.nodes.get(n)
+            for gpu in node.gpus if node else ():
+                if GPU_MEMORY_GIB.get(gpu, 0) > have:
+                    found.setdefault(gpu, p.name)
+    if not found:
+        return None
+    best = min(found, key=lambda g: GPU_MEMORY_GIB[g])
+    return best, found[best]

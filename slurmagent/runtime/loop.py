@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -75,21 +76,54 @@ def signal_number(name: str) -> int:
 
 
 _job_flag: StopFlag | None = None
+# seconds from a stop signal until Slurm kills the job, by signal number (None = unknown)
+GraceFn = Callable[[int], float | None]
+_job_grace: GraceFn | None = None
 
 
-def own_job_signals(stop_signals: tuple[str, ...] = ("USR2", "TERM")) -> StopFlag:
+def own_job_signals(stop_signals: tuple[str, ...] = ("USR2", "TERM"), grace: GraceFn | None = None) -> StopFlag:
     """Take the stop signals for the whole job, from its start: a preemption that arrives
     while the task is still importing or loading data is remembered, and the first step
-    loop stops at once. Replaces submitit's handlers (which only log SIGTERM)."""
-    global _job_flag
+    loop stops at once. Replaces submitit's handlers (which only log SIGTERM). `grace`
+    tells how long after each signal the job may still run (the stop checkpoint must fit)."""
+    global _job_flag, _job_grace
     _job_flag = StopFlag()
+    _job_grace = grace
     install_handlers(_job_flag, [signal_number(s) for s in stop_signals] + [signal.SIGCONT])
     return _job_flag
 
 
 def release_job_signals() -> None:
-    global _job_flag
+    global _job_flag, _job_grace
     _job_flag = None
+    _job_grace = None
+
+
+def _distributed() -> Any:
+    """torch.distributed when the training code initialised a process group of 2+ ranks."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    return dist
+
+
+def agree_stop(local: bool) -> bool:
+    """Every rank stops at the same step: a stop seen by any rank is a stop for all (one
+    tiny all-reduce per step, only in a multi-rank job)."""
+    dist = _distributed()
+    if dist is None:
+        return local
+    import torch
+
+    flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _barrier() -> None:
+    dist = _distributed()
+    if dist is not None:
+        dist.barrier()
 
 
 class StepLoop:
@@ -110,6 +144,7 @@ class StepLoop:
         clock: Callable[[], float] = time.monotonic,
         install_signal_handlers: bool = True,
         is_writer: bool | None = None,
+        grace: GraceFn | None = None,
     ) -> None:
         self.ctx = ctx
         self.state = state
@@ -127,6 +162,10 @@ class StepLoop:
         self._last_save = clock()
         self.step = 0
         self._metrics_file: IO[str] | None = None
+        self._grace = grace if grace is not None else _job_grace
+        self.last_save_seconds: float | None = None  # how long the last checkpoint write blocked the loop
+        self.last_saved_step: int | None = None
+        self.stop_note = ""  # what the stop did about its checkpoint, for logs and tests
 
     def restore(self) -> int:
         found = self.manager.latest()
@@ -142,8 +181,34 @@ class StepLoop:
 
     def save(self, step: int) -> None:
         if self.is_writer:
+            started = time.monotonic()
             self.manager.save(step, {"state": self.state.state_dict(), "metrics": self.metrics, "step": step})
+            self.last_save_seconds = time.monotonic() - started
+        self.last_saved_step = step
         self._last_save = self._clock()
+
+    def _stop_save(self, done: int) -> int:
+        """The checkpoint at a stop: written when it fits the grace window left after the
+        signal, else skipped in favour of the newest periodic one (said in the log).
+        Returns the step the next attempt resumes from."""
+        signum = int(self.flag.signum or 0)
+        grace = self._grace(signum) if (self._grace is not None and signum) else None
+        elapsed = time.monotonic() - self.flag.received_at if self.flag.received_at is not None else 0.0
+        cost = self.last_save_seconds
+        if self.is_writer and grace is not None and cost is not None and elapsed + cost > grace:
+            fallback = self.last_saved_step if self.last_saved_step is not None else self.restored_from
+            self.stop_note = (
+                f"stop checkpoint skipped: it takes about {cost:.1f} s and {max(0.0, grace - elapsed):.1f} s of the "
+                f"{grace:.0f} s grace window are left; the next attempt resumes from the periodic checkpoint at "
+                f"step {fallback or 0} and redoes {done - (fallback or 0)} steps"
+            )
+            log.warning("%s", self.stop_note)
+            _barrier()
+            return fallback or 0
+        self.save(done)
+        self.stop_note = f"stop checkpoint at step {done} written in {self.last_save_seconds or 0.0:.2f} s"
+        _barrier()  # no rank leaves before rank 0's checkpoint is on disk
+        return done
 
     def report(self, **metrics: float) -> None:
         """Record metrics for this step: kept in `loop.metrics` and in checkpoints, and
@@ -166,16 +231,16 @@ class StepLoop:
         previous = install_handlers(self.flag, self._signals) if self._install and not owned else {}
         try:
             self.restore()
-            if self.flag.set:  # stopped before the first step: nothing new to save
+            if agree_stop(self.flag.set):  # stopped before the first step: nothing new to save
                 raise StopForRequeue(int(self.flag.signum or 0), self.start_step, tuple(self.flag.history))
             for step in range(self.start_step, self.total_steps):
                 self.step = step
                 yield step
                 done = step + 1
-                if self.flag.set:
-                    self.save(done)
-                    log.warning("signal %s: checkpointed at step %d, stopping for requeue", self.flag.signum, done)
-                    raise StopForRequeue(int(self.flag.signum or 0), done, tuple(self.flag.history))
+                if agree_stop(self.flag.set):
+                    resume_at = self._stop_save(done)
+                    log.warning("signal %s: %s; stopping for requeue", self.flag.signum, self.stop_note)
+                    raise StopForRequeue(int(self.flag.signum or 0), resume_at, tuple(self.flag.history))
                 if done < self.total_steps and self._due(done):
                     self.save(done)
             self.step = self.total_steps
