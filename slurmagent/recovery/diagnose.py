@@ -85,6 +85,14 @@ RULES: tuple[Rule, ...] = (
         "resubmit with a longer time limit (resources.time) within the partition's limit",
     ),
     _r(
+        "early_stop_signal",
+        r"srun: error: \S+: task \d+: User defined signal [12]",
+        True,
+        "The job was killed by Slurm's stop signal before its runtime took the signal over (a time-limit warning or "
+        "a preemption that came while the job was starting).",
+        "resubmit; if the time limit is short, give the job more time (resources.time)",
+    ),
+    _r(
         "time_limit",
         r"CANCELLED AT \S+ DUE TO TIME LIMIT",
         True,
