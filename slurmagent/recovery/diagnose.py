@@ -56,6 +56,13 @@ RULES: tuple[Rule, ...] = (
         "halve the micro-batch with gradient accumulation, or move to a GPU type with more memory",
     ),
     _r(
+        "gpu_oom",
+        r"CUDA out of memory at micro-batch (\d+) after (\d+) halving",
+        True,
+        "The GPU ran out of memory even at micro-batch {g1}, after {g2} halving(s) in process.",
+        "move to a GPU type with more memory, or a smaller model",
+    ),
+    _r(
         "host_oom",
         r"Detected (\d+) oom-kill event\(s\)|oom_kill event|oom-kill event",
         True,

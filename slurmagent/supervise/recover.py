@@ -120,7 +120,13 @@ class Recoverer:
         conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
         executor = make_executor(state.backend, Path(state.submitit_folder), new_spec, conf, 1, state.job_name)
         runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
-        job = executor.submit(runner, TaskPayload(task.index, tuple(task.overrides), attempt=len(task.attempts) + 1))
+        payload = TaskPayload(
+            task.index,
+            tuple(task.overrides),
+            attempt=len(task.attempts) + 1,
+            resources=dataclasses.asdict(step.resources),
+        )
+        job = executor.submit(runner, payload)
         job_id = str(job.job_id)
         task.attempts.append(Attempt(job_id, time.time()))
         task.spec = dataclasses.asdict(new_spec)
