@@ -25,6 +25,7 @@ ENTRY_POINT_GROUP = "slurmagent.skills"
 BUILTIN: dict[str, str] = {
     "gpu_health_check": "slurmagent.skills.gpu_health:GpuHealthCheck",
     "xid_scan": "slurmagent.skills.gpu_health:XidScan",
+    "config_validator": "slurmagent.skills.config_validator:ConfigValidator",
 }
 
 
