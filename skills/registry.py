@@ -26,6 +26,7 @@ BUILTIN: dict[str, str] = {
     "gpu_health_check": "slurmagent.skills.gpu_health:GpuHealthCheck",
     "xid_scan": "slurmagent.skills.gpu_health:XidScan",
     "config_validator": "slurmagent.skills.config_validator:ConfigValidator",
+    "auto_resume": "slurmagent.skills.auto_resume:AutoResume",
 }
 
 
