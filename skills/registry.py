@@ -27,6 +27,7 @@ BUILTIN: dict[str, str] = {
     "xid_scan": "slurmagent.skills.gpu_health:XidScan",
     "config_validator": "slurmagent.skills.config_validator:ConfigValidator",
     "auto_resume": "slurmagent.skills.auto_resume:AutoResume",
+    "data_config_generator": "slurmagent.skills.data_config:DataConfigGenerator",
 }
 
 
