@@ -28,6 +28,8 @@ BUILTIN: dict[str, str] = {
     "config_validator": "slurmagent.skills.config_validator:ConfigValidator",
     "auto_resume": "slurmagent.skills.auto_resume:AutoResume",
     "data_config_generator": "slurmagent.skills.data_config:DataConfigGenerator",
+    "data_prep": "slurmagent.skills.data_prep:DataPrep",
+    "env_check": "slurmagent.skills.env_check:EnvCheck",
 }
 
 
