@@ -20,6 +20,7 @@ from typing import IO, Any, Protocol
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
 from slurmagent.runtime.context import JobContext
+from slurmagent.runtime.health import HealthMonitor, HealthStop, monitor_for
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ class StopForRequeue(SystemExit):
         self.step = step  # steps done (the checkpoint's step)
         self.signals = signals or (signum,)  # every signal received, in order
         super().__init__(0)
+
+
+class HealthStopForRequeue(StopForRequeue, HealthStop):
+    """The runtime health check found the node CRITICAL: checkpointed, stop and requeue."""
 
 
 @dataclass
@@ -110,6 +115,7 @@ class StepLoop:
         clock: Callable[[], float] = time.monotonic,
         install_signal_handlers: bool = True,
         is_writer: bool | None = None,
+        health: HealthMonitor | None = None,
     ) -> None:
         self.ctx = ctx
         self.state = state
@@ -127,6 +133,8 @@ class StepLoop:
         self._last_save = clock()
         self.step = 0
         self._metrics_file: IO[str] | None = None
+        # -- runtime health (slurmagent/runtime/health.py): None unless configured --
+        self.health = health if health is not None else monitor_for(ctx)
 
     def restore(self) -> int:
         found = self.manager.latest()
@@ -172,6 +180,11 @@ class StepLoop:
                 self.step = step
                 yield step
                 done = step + 1
+                # -- runtime health: on CRITICAL checkpoint and stop for requeue (health_stop.json) --
+                if self.health is not None and self.health.check(done):
+                    self.save(done)
+                    raise HealthStopForRequeue(0, done, tuple(self.flag.history))
+                # -- end runtime health --
                 if self.flag.set:
                     self.save(done)
                     log.warning("signal %s: checkpointed at step %d, stopping for requeue", self.flag.signum, done)
