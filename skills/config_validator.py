@@ -296,6 +296,9 @@ def config_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
+MAX_COMPOSED = 32  # full compositions per sweep; beyond, each override value is checked alone
+
+
 def covering_tasks(job_overrides: Sequence[Sequence[str]]) -> list[Sequence[str]]:
     """The fewest tasks (greedy) in which every override of the sweep appears once: each
     value is validated without composing every task of a large sweep."""
@@ -308,15 +311,59 @@ def covering_tasks(job_overrides: Sequence[Sequence[str]]) -> list[Sequence[str]
     return picked
 
 
+_SIMPLE = re.compile(r"[A-Za-z_][\w\-./]*")
+
+
+def _plain_value(raw: str) -> Any:
+    """The value of a plain override the way Hydra reads it (int, float, bool, null, bare
+    word), without its grammar; _MISSING for anything richer (lists, quotes, functions)."""
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "null":
+        return None
+    return raw if _SIMPLE.fullmatch(raw) else _MISSING
+
+
+def check_override_values(job_overrides: Sequence[Sequence[str]], schema: Mapping[str, Any]) -> list[Issue]:
+    """Every distinct `key=value` override of a schema key, checked on its own (cheap: no
+    composition), so a sweep too large to compose task by task still has every value checked."""
+    out: list[Issue] = []
+    for text in dict.fromkeys(o for ov in job_overrides for o in ov):
+        key = text.split("=", 1)[0].lstrip("+")
+        if key not in schema or text.startswith("~") or "=" not in text:
+            continue
+        value = _plain_value(text.split("=", 1)[1])
+        if value is _MISSING:
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            value = OverridesParser.create().parse_override(text).value()
+        nested: dict[str, Any] = {}
+        node = nested
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+        rule = {k: v for k, v in schema[key].items() if k != "required_by"}
+        out += check_keys(nested, {key: rule})
+    return out
+
+
 def validate_sweep(
     compose: Callable[[list[str]], Any], job_overrides: Sequence[Sequence[str]], memory: bool = True
 ) -> list[str]:
     """Validate a sweep before submission: raise ConfigError listing every error (nothing
-    may be submitted), return the warnings as printable lines."""
+    may be submitted), return the warnings as printable lines. The tasks that cover every
+    override are composed (at most MAX_COMPOSED); every override value is range-checked."""
     warnings: list[str] = []
-    errors: list[str] = []
+    errors = [f"{i.message} (override {i.key})" for i in check_override_values(job_overrides, validator_data()["keys"])]
     estimated: set[str] = set()
-    for overrides in covering_tasks(job_overrides):
+    for overrides in covering_tasks(job_overrides)[:MAX_COMPOSED]:
         cfg = config_dict(compose(list(overrides)))
         model_key = repr([lookup(cfg, k, None) for k in ("model", "train", "optim", "resources", "task")])
         issues, _ = validate(cfg, memory=memory and model_key not in estimated)

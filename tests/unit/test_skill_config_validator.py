@@ -12,11 +12,15 @@ from typing import Any
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from slurmagent.errors import ConfigError
 from slurmagent.examples.digits import build_model
 from slurmagent.skills import Status
 from slurmagent.skills.config_validator import (
+    MAX_COMPOSED,
     ConfigValidator,
+    check_override_values,
     check_rules,
     compose_packaged,
     config_dict,
@@ -24,6 +28,8 @@ from slurmagent.skills.config_validator import (
     estimate_memory,
     memory_issues,
     validate,
+    validate_sweep,
+    validator_data,
 )
 
 
@@ -174,3 +180,22 @@ def test_launcher_refuses_a_broken_sweep_and_submits_nothing(tmp_path: Path) -> 
     )
     # Hydra's sweeper writes multirun.yaml first; no sweep state, no submitit folder, no job
     assert not (sweep / "sweep.json").exists() and not (sweep / ".submitit").exists()
+
+
+def test_every_override_value_is_checked_even_beyond_the_composed_tasks() -> None:
+    sweep = [[f"train.seed={i}", "optim.lr=1e-3"] for i in range(500)] + [["train.seed=1", "optim.lr=20"]]
+    composed: list[list[str]] = []
+    base = OmegaConf.create(_base())
+
+    def compose(overrides: list[str]) -> Any:
+        composed.append(overrides)
+        return base  # one composition stands for all: only the override values differ here
+
+    with pytest.raises(
+        ConfigError, match=r"optim.lr=20 is out of range; valid: > 0.0 and <= 10.0 \(override optim.lr\)"
+    ):
+        validate_sweep(compose, sweep, memory=False)
+    assert len(composed) == MAX_COMPOSED  # not 501
+    assert check_override_values(
+        [["optim.lr='fast'", "+train.precision=fp8", "train.steps=[1,2]"]], validator_data()["keys"]
+    )
