@@ -216,3 +216,50 @@ def test_real_nvml_reads_every_gpu() -> None:
     res = GpuHealthCheck().run()
     assert res.status != Status.UNKNOWN or all(f["code"].startswith("read_") for f in res.findings["findings"])
     assert res.findings["source"] == "NVML" and len(res.findings["gpus"]) == len(readings)
+
+
+HOOK = Path(__file__).resolve().parents[2] / "sbatch_templates" / "hooks" / "slurmagent-hook"
+
+
+def _install_hook(tmp_path: Path, conf: dict) -> Path:  # type: ignore[type-arg]
+    import shutil
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir(parents=True)
+    for d in (tmp_path, hooks):
+        d.chmod(0o755)
+    shutil.copy2(HOOK, hooks / "slurmagent-hook")
+    (hooks / "slurmagent-prolog").symlink_to("slurmagent-hook")
+    (hooks / "hooks.json").write_text(json.dumps(conf))
+    (hooks / "hooks.json").chmod(0o644)
+    return hooks
+
+
+def test_hook_script_refuses_a_config_others_can_write(tmp_path: Path) -> None:
+    """The stdlib hook as slurmd runs it: a group/world-writable hooks.json is not trusted
+    (exit 0, nothing run), so no user can point root at their own interpreter; a trusted one
+    runs the check in its interpreter with only Slurm's variables, and records the result."""
+    import subprocess
+    import sys
+
+    hooks = _install_hook(tmp_path, {"python": "/bin/false-bad-interpreter", "timeout_s": 5})
+    (hooks / "hooks.json").chmod(0o666)
+    proc = subprocess.run([str(hooks / "slurmagent-prolog")], capture_output=True, text=True, timeout=60, env={})
+    assert proc.returncode == 0 and "must be root-owned and not group/world-writable" in proc.stderr
+    # recorded readings of a healthy GPU stand in for NVML; PYTHONPATH is not passed on (-I)
+    state = tmp_path / "state"
+    hooks2 = _install_hook(
+        tmp_path / "b",
+        {
+            "python": sys.executable,
+            "timeout_s": 60,
+            "state_dir": str(state),
+            "readings": {"n1": str(DATA / "healthy.json")},
+            "scan_kernel_log": False,
+        },
+    )
+    env = {"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "9", "SLURM_JOB_GPUS": "1", "PYTHONPATH": "/nonexistent"}
+    ok = subprocess.run([str(hooks2 / "slurmagent-prolog")], capture_output=True, text=True, timeout=120, env=env)
+    assert ok.returncode == 0, ok.stderr
+    record = json.loads((state / "n1" / "prolog-9.json").read_text())
+    assert record["status"] == "OK" and record["findings"]["gpus"] == [1] and record["action"] == "none"
