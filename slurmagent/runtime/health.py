@@ -110,6 +110,36 @@ class HealthMonitor:
         return True
 
 
+def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
+    """Under Slurm (rank 0 only): requeue this job and add this node to its ExcNodeList, so
+    its next run starts on another node (Slurm allows ExcNodeList changes only once the job
+    is pending again, hence the order). Recorded in health_stop.json. Elsewhere: nothing."""
+    from slurmagent.errors import SlurmAgentError
+    from slurmagent.runtime.checkpoint import atomic_write
+    from slurmagent.slurm.seam import SlurmCLI
+
+    job = ctx.slurm_requeue_id
+    if ctx.backend != "slurm" or not job or not ctx.node or ctx.rank != 0:
+        return {}
+    slurm = SlurmCLI(timeout=30)
+    done: dict[str, Any] = {"requeued": False, "excluded": None}
+    try:
+        show = slurm.run(["scontrol", "show", "job", "-o", job])
+        current = next((f.split("=", 1)[1] for f in show.split() if f.startswith("ExcNodeList=")), "(null)")
+        slurm.requeue(job)
+        done["requeued"] = True
+        excluded = ",".join(x for x in (current if current != "(null)" else "", ctx.node) if x)
+        slurm.run(["scontrol", "update", f"jobid={job}", f"ExcNodeList={excluded}"])
+        done["excluded"] = excluded
+    except SlurmAgentError as exc:
+        done["error"] = str(exc)
+        log.error("could not requeue %s away from %s: %s", job, ctx.node, exc)
+    path = ctx.output_dir / STOP_RECORD
+    record = json.loads(path.read_text()) if path.exists() else {}
+    atomic_write(path, json.dumps({**record, **done}, default=str).encode())
+    return done
+
+
 def monitor_for(ctx: JobContext) -> HealthMonitor | None:
     """The monitor the environment asks for, or None (off)."""
     conf = conf_from_env()

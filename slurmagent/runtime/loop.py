@@ -20,7 +20,7 @@ from typing import IO, Any, Protocol
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
 from slurmagent.runtime.context import JobContext
-from slurmagent.runtime.health import HealthMonitor, HealthStop, monitor_for
+from slurmagent.runtime.health import HealthMonitor, HealthStop, monitor_for, requeue_elsewhere
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,7 @@ class StepLoop:
                 # -- runtime health: on CRITICAL checkpoint and stop for requeue (health_stop.json) --
                 if self.health is not None and self.health.check(done):
                     self.save(done)
+                    requeue_elsewhere(self.ctx)  # Slurm: requeue with this node excluded
                     raise HealthStopForRequeue(0, done, tuple(self.flag.history))
                 # -- end runtime health --
                 if self.flag.set:

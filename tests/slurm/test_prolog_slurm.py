@@ -127,3 +127,76 @@ def test_critical_prolog_drains_node_and_job_completes_elsewhere(hooks_installed
     assert epilog["status"] == "UNKNOWN" and epilog["action"] == "none"
     assert any("NVML" in r for r in epilog["reasons"]), epilog["reasons"]
     assert node_state(good)[0].startswith(("idle", "mixed", "completing"))
+
+
+JOB = """#!{python}
+# A step loop with the runtime health check. No NVIDIA GPU here: recorded readings stand in
+# for NVML -- a broken GPU on t4-1, a healthy one elsewhere.
+import json, os, sys, time
+from pathlib import Path
+from slurmagent.config import CheckpointConf
+from slurmagent.runtime import StepLoop, context_from_env
+from slurmagent.runtime.health import HealthConf, HealthMonitor
+from slurmagent.runtime.loop import StopForRequeue
+from slurmagent.app import handle_stop
+
+out = Path(sys.argv[1])
+node = os.environ["SLURMD_NODENAME"]
+readings = "{data}/broken.json" if node == "{bad}" else "{data}/healthy.json"
+ctx = context_from_env(output_dir=out)
+state = {{"n": 0}}
+
+class S:
+    def state_dict(self): return dict(state)
+    def load_state_dict(self, s): state.update(s)
+
+health = HealthMonitor(ctx, HealthConf(1.0, inputs={{"readings_file": readings, "gpus": [0]}}))
+loop = StepLoop(ctx, S(), 30, CheckpointConf(every_steps=1000), health=health)
+try:
+    for step in loop:
+        state["n"] += 1
+        time.sleep(0.1)
+except StopForRequeue as stop:
+    handle_stop(ctx, stop)
+    raise
+(out / "done.json").write_text(json.dumps({{"node": node, "n": state["n"], "resumed_from": loop.restored_from}}))
+"""
+
+
+def test_runtime_health_critical_checkpoints_and_requeues_onto_another_node(slurm_conf: str, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(JOB.format(python=sys.executable, data=DATA, bad=BAD_NODE))
+    script.chmod(0o755)
+    out = tmp_path / "out"
+    job = (
+        slurm(
+            "sbatch",
+            "--parsable",
+            "-p",
+            "gpu",
+            "--gres=gpu:t4:1",  # t4-1 comes first in node order, t4-2 is free (-w would pin it)
+            "--requeue",
+            "-o",
+            str(tmp_path / "job-%j.out"),
+            str(script),
+            str(out),
+        )
+        .strip()
+        .split(";")[0]
+    )
+    deadline = time.monotonic() + 120
+    rows: list[list[str]] = []
+    while time.monotonic() < deadline:
+        acct = slurm("sacct", "-n", "-X", "-D", "--parsable2", "-j", job, "-o", "State,NodeList")
+        rows = [ln.split("|") for ln in acct.splitlines() if ln]
+        if rows and rows[-1][0] in ("COMPLETED", "FAILED", "CANCELLED"):
+            break
+        time.sleep(1)
+    assert rows[0] == ["REQUEUED", BAD_NODE] and rows[-1][0] == "COMPLETED" and rows[-1][1] != BAD_NODE, rows
+    stop = json.loads((out / "health_stop.json").read_text())
+    assert stop["node"] == BAD_NODE and stop["status"] == "CRITICAL" and stop["requeued"] is True
+    assert stop["excluded"] == BAD_NODE
+    done = json.loads((out / "done.json").read_text())
+    # resumed from the health checkpoint on the other node, and finished the 30 steps there
+    assert done["node"] == rows[-1][1] and done["resumed_from"] == stop["step"] > 0 and done["n"] == 30
+    assert BAD_NODE in slurm("scontrol", "show", "job", "-o", job)  # ExcNodeList kept
