@@ -47,3 +47,7 @@ class TaskFailedError(SlurmAgentError, RuntimeError):
 def choices(values: Iterable[object]) -> str:
     """Format a set of valid values for an error message: `a, b, c`."""
     return ", ".join(sorted(str(v) for v in values)) or "(none)"
+
+
+class SkillError(SlurmAgentError, ValueError):
+    """A skill name or a skill's input is invalid (unknown skill, bad argument)."""
