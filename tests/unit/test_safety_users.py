@@ -4,79 +4,32 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from safety_users import local_users, run_as, shared_dir
 
 from slurmagent.gate import Action, AuditLog, Gate
 from slurmagent.safety.audit import verify
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.policy import load_policy
 
-USERS = ("sa-alice", "sa-bob")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
 
 @pytest.fixture(scope="module")
 def users() -> Iterator[tuple[str, str]]:
-    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
-        if IN_CI:
-            pytest.fail("approval tests need root with useradd and runuser under CI")
-        pytest.skip("needs root, useradd and runuser to create real users")
-    for user in USERS:
-        subprocess.run(["userdel", "-r", user], capture_output=True, check=False)  # left over by a killed run
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", user], check=True, capture_output=True)
-    try:
-        yield USERS
-    finally:
-        for user in USERS:
-            subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
+    with local_users() as names:
+        yield names
 
 
 @pytest.fixture()
 def shared_sweep() -> Iterator[Path]:
-    """A sweep directory the team can write (pytest's tmp_path is private to root)."""
-    top = Path(tempfile.mkdtemp(prefix="sa-approvals-"))
-    top.chmod(0o755)
-    sweep = top / "sweep"
-    sweep.mkdir()
-    sweep.chmod(0o777)
-    try:
+    """A sweep directory the team can write."""
+    with shared_dir() as top:
+        sweep = top / "sweep"
+        sweep.mkdir()
+        sweep.chmod(0o777)
         yield sweep
-    finally:
-        shutil.rmtree(top)
-
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def python_for(user: str) -> tuple[str, dict[str, str]]:
-    """This interpreter when `user` may run it; else the system's python of the same
-    version with this environment's packages on its path (a pyenv under /root is private)."""
-    real = os.path.realpath(sys.executable)
-    if subprocess.run(["runuser", "-u", user, "--", "test", "-x", real], check=False).returncode == 0:
-        return sys.executable, {}
-    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/local/bin:/usr/bin")
-    if system is None:
-        pytest.skip(f"no python {sys.version_info.major}.{sys.version_info.minor} that {user} may run")
-    paths = [str(ROOT), *(p for p in sys.path if p.endswith("site-packages"))]
-    return system, {"PYTHONPATH": os.pathsep.join(paths)}
-
-
-def run_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURMAGENT_", "XDG_", "PYTHON"))}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    python, extra = python_for(user) if user else (sys.executable, {})
-    env.update(extra)
-    prefix = ["runuser", "-u", user, "--"] if user else []
-    argv = [*prefix, python, "-m", "slurmagent", *args]
-    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/", timeout=120)
 
 
 def test_two_approval_action_waits_for_two_distinct_real_users(
