@@ -162,3 +162,26 @@ def test_needs_approval_files_a_request_the_requester_cannot_approve(tmp_path: P
     rec = AuditLog(sweep / "audit.jsonl").records()[0]
     assert rec["decision"] == "needs_approval" and rec["approval_id"] == out.approval_id
     assert json.loads((sweep / "approvals" / f"{out.approval_id}.json").read_text())["approvals"] == 1
+
+
+def test_a_gate_built_in_a_job_honours_its_sweeps_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the runtime does before `scontrol requeue`: a Gate from the job's context, its
+    audit path in the sweep directory it reads from SLURMAGENT_SWEEP_DIR."""
+    from slurmagent.runtime.context import context_from_env
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    monkeypatch.setenv("SLURMAGENT_SWEEP_DIR", str(sweep))
+    ctx = context_from_env(output_dir=sweep / "0", checkpoint_dir=sweep / "0" / "checkpoints")
+    assert ctx.sweep_dir == sweep
+    requeued: list[str] = []
+    gate = Gate(
+        AuditLog(ctx.sweep_dir / "audit.jsonl"), {"requeue": lambda a: requeued.append(a.target) or {}}, job="5_1"
+    )
+    action = Action("requeue", "5_1", "signal checkpoint at step 40", context={"attempt": 2, "source": "runtime"})
+    pause(sweep)
+    assert gate.request(action).held and requeued == []
+    resume(sweep)
+    assert gate.request(action).executed and requeued == ["5_1"]
+    recs = AuditLog(sweep / "audit.jsonl").records()
+    assert [(r["job"], r["decision"]) for r in recs] == [("5_1", "held"), ("5_1", "allow"), ("5_1", "allow")]
