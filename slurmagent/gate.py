@@ -27,7 +27,7 @@ from slurmagent.errors import SlurmAgentError
 from slurmagent.safety.approvals import ApprovalStore
 from slurmagent.safety.audit import GENESIS, AuditLog, record_hash
 from slurmagent.safety.executors import Executor
-from slurmagent.safety.paths import approvals_dir, user_audit_path
+from slurmagent.safety.paths import approvals_dir, current_user, user_audit_path
 from slurmagent.safety.policy import Policy, RulePolicy, resolve_policy
 from slurmagent.safety.records import ACTION_KINDS, Action, Decision
 from slurmagent.safety.switch import describe, paused
@@ -156,6 +156,9 @@ class Gate:
         decision = Decision(st.state, st.request.rule, st.request.approvals)
         if st.state != "approved" or action.kind not in self.executors:
             return Outcome(decision, False, {"state": st.state}, approval_id=approval_id)
+        if not self.audit.writable():  # an action whose outcome cannot be recorded does not run
+            why = f"{current_user()} cannot write {self.audit.path}"
+            return Outcome(decision, False, {"state": st.state, "waiting": why}, approval_id=approval_id)
         extra = {"approval_id": approval_id, "approvers": st.approvers, "requester": st.request.requester}
         switch = paused(self.sweep_dir)
         if switch is not None:

@@ -60,8 +60,12 @@ def python_for(user: str) -> tuple[str, dict[str, str]]:
 
 
 def run_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m slurmagent ARGS` as `user` (None: as this process), with a clean env."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURMAGENT_", "XDG_", "PYTHON"))}
+    """`python -m slurmagent ARGS` as `user` (with none of this process's slurmagent and
+    python settings), or as this process (None, with its environment)."""
+    keep = ("XDG_", "PYTHON", "SLURMAGENT_") if user is None else ()
+    env = {
+        k: v for k, v in os.environ.items() if k.startswith(keep) or not k.startswith(("SLURMAGENT_", "XDG_", "PYTHON"))
+    }
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     python, extra = python_for(user) if user else (sys.executable, {})
     env.update(extra)

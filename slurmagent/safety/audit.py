@@ -85,7 +85,23 @@ class AuditLog:
             os.fchmod(fd, self.mode)  # the umask may have narrowed it
         return fd
 
+    def writable(self) -> bool:
+        """Whether this process may append (the log, its lock and head, or their folder)."""
+        for p in (self.path, Path(str(self.path) + ".lock"), self.head_path):
+            if p.exists() and not os.access(p, os.W_OK):
+                return False
+        folder = self.path.parent
+        return os.access(folder, os.W_OK) or all(
+            p.exists() for p in (self.path, Path(str(self.path) + ".lock"), self.head_path)
+        )
+
     def append(self, record: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._append(record)
+        except OSError as exc:
+            raise AuditError(f"cannot write the audit log {self.path}: {exc.strerror or exc}") from None
+
+    def _append(self, record: dict[str, Any]) -> dict[str, Any]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.lock:
             seq, prev = self._last()

@@ -74,6 +74,8 @@ def cmd_approvals(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     store = _store(args.sweep)
+    if args.run:
+        return _run_approved(store)
     statuses = [s for s in store.statuses() if args.all or s.state in ("pending", "approved")]
     if args.json:
         for s in statuses:
@@ -98,6 +100,46 @@ def cmd_approvals(args: argparse.Namespace) -> int:
         table.add_row(*(Text(c) for c in cells))
     _console().print(table)
     return EXIT_OK
+
+
+def _approved_gate(store: Any, request: Any) -> Any:
+    from slurmagent.gate import AuditLog, Gate
+    from slurmagent.safety.executors import standalone_executors
+
+    sweep = Path(request.sweep_dir)
+    gate = Gate(AuditLog(request.audit), standalone_executors(sweep), sweep_dir=sweep, job=request.job)
+    gate.approvals = store
+    return gate
+
+
+def _report(out: Any) -> int:
+    if out.held:
+        print(f"held: {out.decision.rule}; it runs after `slurmagent resume`")
+    elif out.executed:
+        print(f"executed: {json.dumps(out.result, default=str)}")
+    elif out.result.get("error"):
+        print(f"failed: {out.result['error']}")
+        return EXIT_FAILED
+    elif out.result.get("waiting"):
+        print(
+            f"approved, not run here: {out.result['waiting']}; the sweep's owner runs it with "
+            "`slurmagent approvals --sweep DIR --run`"
+        )
+    else:
+        print("approved; the sweep's supervisor runs it on its next poll")
+    return EXIT_OK
+
+
+def _run_approved(store: Any) -> int:
+    """Run every approved action that has not run yet and needs no supervisor."""
+    code = EXIT_OK
+    ready = [s for s in store.statuses() if s.state == "approved"]
+    for st in ready:
+        print(f"{st.request.id}: {st.request.action.get('kind')} {st.request.action.get('target')}: ", end="")
+        code = max(code, _report(_approved_gate(store, st.request).run_approved(st.request.id)))
+    if not ready:
+        print("no approved action waits to run")
+    return code
 
 
 def _record_vote(status: Any, verdict: str, note: str) -> None:
@@ -125,14 +167,13 @@ def _record_vote(status: Any, verdict: str, note: str) -> None:
             continue
         try:
             log.append(record)
-        except OSError as exc:
-            print(f"slurmagent: note: could not write {log.path} ({exc.strerror})", file=sys.stderr)
+        except AuditError as exc:
+            print(
+                f"slurmagent: note: {exc}; the vote itself is recorded in {status.request.id}'s files", file=sys.stderr
+            )
 
 
 def cmd_vote(args: argparse.Namespace) -> int:
-    from slurmagent.gate import AuditLog, Gate
-    from slurmagent.safety.executors import standalone_executors
-
     store = _store(args.sweep)
     verdict = "approve" if args.cmd == "approve" else "reject"
     status = store.vote(args.id, verdict, args.note or "")
@@ -146,20 +187,7 @@ def cmd_vote(args: argparse.Namespace) -> int:
                 f"from user(s) other than {r.requester}"
             )
         return EXIT_OK
-    sweep = Path(r.sweep_dir)
-    gate = Gate(AuditLog(r.audit), standalone_executors(sweep), sweep_dir=sweep, job=r.job)
-    gate.approvals = store
-    out = gate.run_approved(r.id)
-    if out.held:
-        print(f"held: {out.decision.rule}; it runs after `slurmagent resume`")
-    elif out.executed:
-        print(f"executed: {json.dumps(out.result, default=str)}")
-    elif out.result.get("error"):
-        print(f"failed: {out.result['error']}")
-        return EXIT_FAILED
-    else:
-        print("approved; the sweep's supervisor runs it on its next poll")
-    return EXIT_OK
+    return _report(_approved_gate(store, r).run_approved(r.id))
 
 
 # -- kill switch ----------------------------------------------------------------------------
@@ -228,6 +256,7 @@ def add_parsers(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     ap.add_argument("--sweep", type=Path, default=None)
     ap.add_argument("--all", action="store_true", help="also decided, executed and expired ones")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--run", action="store_true", help="run approved actions that have not run yet (as the owner)")
     for name in ("approve", "reject"):
         v = sub.add_parser(name, help=f"{name} a pending action as the calling user")
         v.add_argument("id")

@@ -18,6 +18,7 @@ from slurmagent.recovery.diagnose import Diagnosis, Evidence, diagnose
 from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, plan
 from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.safety.paths import SWEEP_AUDIT, SWEEP_HISTORY
+from slurmagent.safety.policy import resolve_policy
 from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.seam import SlurmCLI
@@ -71,6 +72,7 @@ class Recoverer:
         self.history = sweep_dir / SWEEP_HISTORY
         self.held_path = sweep_dir / HELD_FILE
         self._cluster: ClusterInfo | None = None
+        resolve_policy(sweep_dir)  # a broken policy is reported now, not at the first failure
 
     def cluster(self, state: SweepState) -> ClusterInfo | None:
         if state.backend != "slurm":

@@ -100,3 +100,28 @@ def test_forged_vote_does_not_count_and_a_rejection_ends_the_request(
     assert no.returncode == 0 and "now rejected" in no.stdout, no.stderr
     assert gate.approvals.status(out.approval_id).state == "rejected"
     assert run_as(None, "approvals", "--sweep", str(shared_sweep), "--json").stdout == ""  # nothing pending
+
+
+def test_an_approver_who_cannot_write_the_audit_log_leaves_the_run_to_the_owner(
+    users: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    alice, _bob = users
+    monkeypatch.setenv("SLURMAGENT_STATE_DIR", str(tmp_path / "root-state"))
+    with shared_dir() as top:
+        sweep = top / "sweep"  # the owner's sweep: others may read it, not write it
+        (sweep / "ckpt").mkdir(parents=True)
+        gate = Gate(AuditLog(sweep / "audit.jsonl"), standalone_executors(sweep), policy=load_policy("default"))
+        out = gate.request(Action("delete_checkpoint", "ckpt", "free quota"))
+        assert out.approval_id and out.decision.approvals == 1
+        for name in ("audit.jsonl", "audit.jsonl.head", "audit.jsonl.lock"):
+            (sweep / name).chmod(0o644)
+        yes = run_as(alice, "approve", out.approval_id, "--sweep", str(sweep))
+        assert yes.returncode == 0, yes.stderr
+        assert "now approved" in yes.stdout and f"not run here: {alice} cannot write" in yes.stdout
+        assert "cannot write the audit log" in yes.stderr and (sweep / "ckpt").exists()
+        run = run_as(None, "approvals", "--sweep", str(sweep), "--run")
+        assert run.returncode == 0 and "executed" in run.stdout, run.stdout + run.stderr
+        assert not (sweep / "ckpt").exists()
+        recs = AuditLog(sweep / "audit.jsonl").records()
+        assert [(r["type"], r["user"]) for r in recs] == [("decision", "root"), ("outcome", "root")]
+        assert recs[1]["approvers"] == [alice] and verify(sweep / "audit.jsonl") == []
