@@ -164,12 +164,15 @@ def verify(path: str | os.PathLike[str]) -> list[Problem]:
             continue
         records.append((i, rec))
 
-    prev_hash, prev_seq, prev_ok = GENESIS, 0, True
+    seqs_at = [int(rec.get("seq", pos + 1)) for pos, (_, rec) in enumerate(records)]
+    by_seq: dict[int, tuple[int, dict[str, Any]]] = {}
+    for seq, (line, rec) in zip(seqs_at, records, strict=True):
+        by_seq.setdefault(seq, (line, rec))
+    prev_seq = 0
     for pos, (line, rec) in enumerate(records):
-        seq = int(rec.get("seq", pos + 1))
+        seq = seqs_at[pos]
         name = f"record seq {seq} (line {line})"
-        self_ok = record_hash(rec) == rec.get("hash")
-        if not self_ok:
+        if record_hash(rec) != rec.get("hash"):
             problems.append(Problem("edited", line, seq, f"{name} was edited: its contents do not match its hash"))
         if seq <= prev_seq:
             problems.append(
@@ -177,19 +180,26 @@ def verify(path: str | os.PathLike[str]) -> list[Problem]:
             )
         elif seq > prev_seq + 1:
             gone = f"seq {prev_seq + 1}" if seq == prev_seq + 2 else f"seq {prev_seq + 1}..{seq - 1}"
-            problems.append(
-                Problem("deleted", line, prev_seq + 1, f"{gone} deleted: {name} follows seq {prev_seq} directly")
-            )
-        elif rec.get("prev") != prev_hash and prev_ok:
+            if set(range(prev_seq + 1, seq)) <= set(seqs_at[pos + 1 :]):  # they come later: moved, not gone
+                problems.append(Problem("reordered", line, seq, f"{name} is out of order: {gone} come(s) after it"))
+            else:
+                follows = f"follows seq {prev_seq} directly" if prev_seq else "is the first record"
+                problems.append(Problem("deleted", line, prev_seq + 1, f"{gone} deleted: {name} {follows}"))
+        # the chain: this record names the hash of seq - 1, wherever that record now is
+        prior = by_seq.get(seq - 1)
+        want = GENESIS if seq == 1 else (str(prior[1].get("hash")) if prior else None)
+        prior_intact = prior is None or record_hash(prior[1]) == prior[1].get("hash")
+        if want is not None and rec.get("prev") != want and prior_intact:
+            where = f"record seq {seq - 1}" if seq > 1 else "the log's start"
             problems.append(
                 Problem(
                     "edited",
-                    records[pos - 1][0] if pos else line,
-                    prev_seq or seq,
-                    f"record seq {prev_seq} was rewritten (its hash recomputed): {name} chains to a different hash",
+                    prior[0] if prior else line,
+                    seq - 1 if seq > 1 else seq,
+                    f"{where} was rewritten (its hash recomputed): {name} chains to a different hash",
                 )
             )
-        prev_hash, prev_seq, prev_ok = str(rec.get("hash")), max(prev_seq, seq), self_ok
+        prev_seq = max(prev_seq, seq)
 
     head = Path(str(log_path) + ".head")
     if head.exists():
@@ -208,6 +218,16 @@ def verify(path: str | os.PathLike[str]) -> list[Problem]:
                     0,
                     last_seq + 1,
                     f"truncated: {gone} missing at the end (the log ends at seq {last_seq})",
+                )
+            )
+        elif want_seq < last_seq:
+            extra = f"seq {want_seq + 1}" if last_seq == want_seq + 1 else f"seq {want_seq + 1}..{last_seq}"
+            problems.append(
+                Problem(
+                    "edited",
+                    records[-1][0],
+                    want_seq + 1,
+                    f"{extra} added at the end by something other than slurmagent (the head says seq {want_seq})",
                 )
             )
         elif records and want_seq == last_seq and records[-1][1].get("hash") != want_hash:

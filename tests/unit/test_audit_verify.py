@@ -66,6 +66,17 @@ def drop_last_two(path: Path) -> None:
     path.write_text("".join(lines(path)[:-2]))
 
 
+def delete_first(path: Path) -> None:
+    path.write_text("".join(lines(path)[1:]))
+
+
+def forge_at_end(path: Path) -> None:
+    last = json.loads(lines(path)[-1])
+    fake = {**last, "seq": last["seq"] + 1, "job": "10_9", "reason": "forged", "prev": last["hash"]}
+    fake["hash"] = record_hash(fake)
+    path.write_text(path.read_text() + json.dumps(fake) + "\n")
+
+
 def cut_mid_record(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 40])
@@ -80,6 +91,8 @@ def cut_mid_record(path: Path) -> None:
         (swap_third_fourth, "reordered: record seq 3 (line 4) is out of order: it comes after seq 4"),
         (drop_last_two, "truncated: truncated: seq 5..6 missing at the end (the log ends at seq 4)"),
         (cut_mid_record, "truncated: line 6: cut off in the middle"),
+        (delete_first, "deleted: seq 1 deleted: record seq 2 (line 1) is the first record"),
+        (forge_at_end, "edited: seq 7 added at the end by something other than slurmagent (the head says seq 6)"),
     ],
 )
 def test_verify_names_the_tampered_record(
@@ -91,6 +104,8 @@ def test_verify_names_the_tampered_record(
     assert main(["audit", "verify", str(log)]) == 1
     out = capsys.readouterr().out
     assert expected in out, out
+    kinds = {ln.split(": ")[1] for ln in out.splitlines()}
+    assert kinds == {expected.split(":")[0]}, out  # named as what it is, and nothing else
 
 
 def test_appending_after_tampering_is_refused_cleanly_and_missing_log_is_bad_input(
