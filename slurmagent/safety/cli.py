@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -142,9 +143,15 @@ def _run_approved(store: Any) -> int:
     return code
 
 
-def _record_vote(status: Any, verdict: str, note: str) -> None:
-    """The vote in the sweep's audit log (when this user may write it) and the user's own."""
+def _sweep_audit(path: str) -> Any:
     from slurmagent.gate import SHARED_AUDIT_MODE
+    from slurmagent.safety.audit import AuditLog
+
+    return AuditLog(path, mode=SHARED_AUDIT_MODE) if path else None
+
+
+def _record_vote(status: Any, verdict: str, note: str, sweep_log: Any) -> None:
+    """The vote in the sweep's audit log (when this user may write it) and the user's own."""
     from slurmagent.safety.audit import AuditLog
     from slurmagent.safety.paths import user_audit_path
 
@@ -162,7 +169,7 @@ def _record_vote(status: Any, verdict: str, note: str) -> None:
         "state_after": status.state,
         "approvers": status.approvers,
     }
-    for log in (AuditLog(r.audit, mode=SHARED_AUDIT_MODE) if r.audit else None, AuditLog(user_audit_path())):
+    for log in (sweep_log, AuditLog(user_audit_path())):
         if log is None:
             continue
         try:
@@ -176,8 +183,12 @@ def _record_vote(status: Any, verdict: str, note: str) -> None:
 def cmd_vote(args: argparse.Namespace) -> int:
     store = _store(args.sweep)
     verdict = "approve" if args.cmd == "approve" else "reject"
-    status = store.vote(args.id, verdict, args.note or "")
-    _record_vote(status, verdict, args.note or "")
+    request = store.get(args.id)
+    sweep_log = _sweep_audit(request.audit)
+    # under the sweep log's lock: the vote's record lands before the outcome of the run it enables
+    with sweep_log.lock if sweep_log is not None and sweep_log.writable() else contextlib.nullcontext():
+        status = store.vote(args.id, verdict, args.note or "")
+        _record_vote(status, verdict, args.note or "", sweep_log)
     r = status.request
     print(f"{verdict}d {r.id} ({r.action.get('kind')} {r.action.get('target')}): now {status.state}")
     if status.state != "approved":

@@ -174,10 +174,22 @@ SWEEP_POLICY_FILE = "policy.yaml"
 
 
 def resolve_policy(sweep_dir: Path | None) -> RulePolicy:
-    """The policy in force for a sweep: its own `policy.yaml`, else $SLURMAGENT_POLICY (a
-    name in conf/policy or a YAML path), else the default policy."""
+    """The policy in force for a sweep: its own `policy.yaml`; else the `policy` group it
+    was launched with (`python -m slurmagent +policy=strict -m …`, kept by Hydra in the
+    sweep's multirun.yaml); else $SLURMAGENT_POLICY (a name in conf/policy or a YAML path);
+    else the default policy."""
     import os
 
-    if sweep_dir is not None and (sweep_dir / SWEEP_POLICY_FILE).is_file():
-        return load_policy(sweep_dir / SWEEP_POLICY_FILE)
+    if sweep_dir is not None:
+        if (sweep_dir / SWEEP_POLICY_FILE).is_file():
+            return load_policy(sweep_dir / SWEEP_POLICY_FILE)
+        multirun = sweep_dir / "multirun.yaml"
+        if multirun.is_file():
+            try:
+                cfg = OmegaConf.load(multirun)
+                raw = OmegaConf.to_container(cfg.policy, resolve=True) if "policy" in cfg else None
+            except OmegaConfBaseException as exc:
+                raise PolicyError(f"policy in {multirun}: {exc}") from None
+            if raw is not None:
+                return parse_policy(raw, f"{multirun}:policy")
     return load_policy(os.environ.get("SLURMAGENT_POLICY") or DEFAULT_POLICY)

@@ -24,9 +24,19 @@ POLL = ["hydra.launcher.poll_interval_s=1", "hydra.launcher.max_poll_interval_s=
 OOM = ["+experiment=synthetic", "synthetic.steps=20", "synthetic.step_time_s=0.05", "synthetic.alloc_mb=300"]
 
 
-def launch(sweep: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+def launch(sweep: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "slurmagent", "-m", *OOM, "resources.mem=256M", f"hydra.sweep.dir={sweep}", *POLL],
+        [
+            sys.executable,
+            "-m",
+            "slurmagent",
+            "-m",
+            *OOM,
+            "resources.mem=256M",
+            f"hydra.sweep.dir={sweep}",
+            *POLL,
+            *extra,
+        ],
         cwd=sweep.parent,
         env=env,
         stdout=subprocess.PIPE,
@@ -122,12 +132,13 @@ def test_oom_is_held_while_paused_and_resubmitted_after_resume(
 
 
 def test_a_resubmission_that_needs_approval_waits_for_another_real_user(slurm_conf: str, tmp_path: Path) -> None:
-    """Under the strict policy more memory needs one approval; sa-alice gives it, and the
+    """Under the strict policy (`+policy=strict`) more memory needs one approval; sa-alice gives it, and the
     sweep's supervisor (root) runs the resubmission on its next poll."""
     with local_users() as (alice, _bob), shared_dir() as top:
         sweep = top / "sweep"
-        env = {**os.environ, "SLURMAGENT_STATE_DIR": str(tmp_path / "state"), "SLURMAGENT_POLICY": "strict"}
-        proc = launch(sweep, env)
+        env = {**os.environ, "SLURMAGENT_STATE_DIR": str(tmp_path / "state")}
+        env.pop("SLURMAGENT_POLICY", None)
+        proc = launch(sweep, env, "+policy=strict")  # the policy as a Hydra config group
         audit = sweep / "audit.jsonl"
         try:
             wait_for(

@@ -90,6 +90,17 @@ def test_sweep_policy_file_and_environment_choose_the_policy(tmp_path: Path, mon
     assert resolve_policy(tmp_path).name == "default"
     monkeypatch.setenv("SLURMAGENT_POLICY", "strict")
     assert resolve_policy(tmp_path).name == "strict"
+    # the Hydra config group: `+policy=strict` on the command line, kept in multirun.yaml
+    from omegaconf import OmegaConf
+
+    from slurmagent.render import compose
+
+    monkeypatch.setenv("SLURMAGENT_POLICY", "default")
+    cfg = compose(["+experiment=synthetic", "+policy=strict", "policy.approval_ttl_s=60"])
+    assert cfg.policy.name == "strict"
+    OmegaConf.save(cfg, tmp_path / "multirun.yaml")
+    chosen = resolve_policy(tmp_path)
+    assert chosen.name == "strict" and chosen.approval_ttl_s == 60
     (tmp_path / "policy.yaml").write_text("name: pinned\nrules: []\n")
     assert resolve_policy(tmp_path).name == "pinned"
 
