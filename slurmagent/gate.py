@@ -86,7 +86,7 @@ class Gate:
     ) -> None:
         self.audit = audit
         self.executors = dict(executors)
-        self.sweep_dir = Path(sweep_dir) if sweep_dir is not None else audit.path.parent
+        self.sweep_dir = (Path(sweep_dir) if sweep_dir is not None else audit.path.parent).absolute()
         self.policy: Policy = policy or resolve_policy(self.sweep_dir)
         self.job = job
         self.shared = bool(getattr(self.policy, "shared", False))
@@ -132,7 +132,7 @@ class Gate:
         verdict = {"decision": decision.verdict, "rule": decision.rule}
         if decision.verdict == "needs_approval":
             ttl = float(getattr(self.policy, "approval_ttl_s", RulePolicy.approval_ttl_s))
-            req = self.approvals.create(action, decision, ttl, self.job, self.sweep_dir, self.audit.path)
+            req = self.approvals.create(action, decision, ttl, self.job, self.sweep_dir, self.audit.path.absolute())
             self._record(
                 {
                     "type": "decision",

@@ -148,11 +148,14 @@ def test_kill_switch_holds_every_action_until_resume(tmp_path: Path, own_state_d
     assert resume(None) is None  # nothing left to lift
 
 
-def test_needs_approval_files_a_request_the_requester_cannot_approve(tmp_path: Path) -> None:
+def test_needs_approval_files_a_request_the_requester_cannot_approve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sweep = tmp_path / "sweep"
+    monkeypatch.chdir(tmp_path)
     ran: list[str] = []
     gate = Gate(
-        AuditLog(sweep / "audit.jsonl"),
+        AuditLog(Path("sweep") / "audit.jsonl"),  # relative: the request must still name it absolutely
         {"delete_checkpoint": lambda a: ran.append(a.target) or {}},
         policy=load_policy("default", ["approval_ttl_s=0.3"]),
     )
@@ -172,7 +175,8 @@ def test_needs_approval_files_a_request_the_requester_cannot_approve(tmp_path: P
         gate.approvals.status("deadbeef")
     rec = AuditLog(sweep / "audit.jsonl").records()[0]
     assert rec["decision"] == "needs_approval" and rec["approval_id"] == out.approval_id
-    assert json.loads((sweep / "approvals" / f"{out.approval_id}.json").read_text())["approvals"] == 1
+    request = json.loads((sweep / "approvals" / f"{out.approval_id}.json").read_text())
+    assert request["approvals"] == 1 and request["audit"] == str(sweep / "audit.jsonl")
 
 
 def test_a_gate_built_in_a_job_honours_its_sweeps_switch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
