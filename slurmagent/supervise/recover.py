@@ -205,6 +205,9 @@ class Recoverer:
             out = gate.run_approved(approval)
             if out.held:
                 return False
+            if not out.executed:
+                why = out.result.get("error") or out.result.get("waiting") or out.result.get("state")
+                task.error = f"{task.state}: approved recovery did not run ({why})\n{task.error}"
         else:
             task.error = f"{task.state}: recovery {st.state} (approval {approval})\n{task.error}"
         held.pop(key, None)
