@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slurmagent.errors import SlurmAgentError
+from slurmagent.safety import cli as safety_cli
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -309,10 +310,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "doctor": cmd_doctor,
         "skill": cmd_skill,
     }
+    handlers.update(safety_cli.add_parsers(sub))  # audit, approvals, approve, reject, pause, resume, replay
     return p, handlers
 
 
-SUBCOMMANDS = ("status", "watch", "cancel", "render", "version", "doctor", "skill")
+SUBCOMMANDS = ("status", "watch", "cancel", "render", "version", "doctor", "skill", *safety_cli.COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

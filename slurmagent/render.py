@@ -74,7 +74,7 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
     output = str(run_dir / "slurm-%j.out")
-    output_line = f'"{output}"' if _DIRECTIVE_SAFE.match(output) else None
+    output_line = f'"{output}"' if _DIRECTIVE_SAFE.fullmatch(output) else None  # fullmatch: no final newline
 
     # the resolved config, with hydra.run.dir set here (YAML-quoted, never on a command line)
     body = OmegaConf.to_container(cfg, resolve=True)
