@@ -40,6 +40,15 @@ def node_state(node: str) -> tuple[str, str]:
     return state.strip(), reason.strip()
 
 
+def occupy_other_t4(tmp_path: Path, seconds: int = 6) -> None:
+    """Keep t4-2's GPUs busy for a few seconds, so the job under test starts on t4-1; the
+    requeue holds it back longer than that (cred_expire), so t4-2 is free again by then."""
+    blocker = tmp_path / "blocker.py"
+    blocker.write_text(f"#!/usr/bin/python3\nimport time\ntime.sleep({seconds})\n")
+    blocker.chmod(0o755)
+    slurm("sbatch", "-p", "gpu", "-w", "t4-2", "--gres=gpu:t4:2", "-o", "/dev/null", str(blocker))
+
+
 @pytest.fixture()
 def hooks_installed(slurm_conf: str, tmp_path: Path) -> Iterator[Path]:
     """The hooks as an administrator installs them: root-owned copies with hooks.json beside."""
@@ -87,6 +96,7 @@ def test_critical_prolog_drains_node_and_job_completes_elsewhere(hooks_installed
     script = tmp_path / "job.py"
     script.write_text("#!/usr/bin/python3\nimport os\nprint('ran on', os.environ['SLURMD_NODENAME'])\n")
     script.chmod(0o755)
+    occupy_other_t4(tmp_path)
     out = slurm(
         "sbatch",
         "--parsable",
@@ -122,7 +132,11 @@ def test_critical_prolog_drains_node_and_job_completes_elsewhere(hooks_installed
     assert prolog["status"] == "CRITICAL" and prolog["action"].startswith("drained: slurmagent:")
     assert prolog["findings"]["gpus"] == [0]  # SLURM_JOB_GPUS: the job's one GPU
     # the Epilog on the healthy node recorded the post-job state: no NVML here → UNKNOWN, not drained
-    epilog = json.loads((hooks_installed / good / f"epilog-{job}.json").read_text())
+    record = hooks_installed / good / f"epilog-{job}.json"
+    deadline = time.monotonic() + 60
+    while not record.exists() and time.monotonic() < deadline:  # the Epilog runs after the job ends
+        time.sleep(0.5)
+    epilog = json.loads(record.read_text())
     assert epilog["findings"]["mode"] == "epilog" and epilog["findings"]["job_id"] == job
     assert epilog["status"] == "UNKNOWN" and epilog["action"] == "none"
     assert any("NVML" in r for r in epilog["reasons"]), epilog["reasons"]
@@ -168,13 +182,14 @@ def test_runtime_health_critical_checkpoints_and_requeues_onto_another_node(slur
     script.write_text(JOB.format(python=sys.executable, data=DATA, bad=BAD_NODE))
     script.chmod(0o755)
     out = tmp_path / "out"
+    occupy_other_t4(tmp_path)
     job = (
         slurm(
             "sbatch",
             "--parsable",
             "-p",
             "gpu",
-            "--gres=gpu:t4:1",  # t4-1 comes first in node order, t4-2 is free (-w would pin it)
+            "--gres=gpu:t4:1",  # lands on t4-1 (t4-2 busy); -w would pin it there for good
             "--requeue",
             "-o",
             str(tmp_path / "job-%j.out"),
