@@ -62,6 +62,9 @@ def compose(overrides: list[str]) -> Any:
 
 
 def render(overrides: list[str], out_dir: Path, mode: str | None = None, python: str | None = None) -> Rendered:
+    for override in overrides:
+        if "\x00" in override:  # a shell script cannot carry it: bash would cut the argument there
+            raise ConfigError(f"override {override.split('=', 1)[0]!r} contains a NUL byte, which no script can carry")
     cfg = compose(overrides)
     from slurmagent.app import spec_dict
 

@@ -113,24 +113,34 @@ class HealthMonitor:
 def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
     """Under Slurm (rank 0 only): requeue this job and add this node to its ExcNodeList, so
     its next run starts on another node (Slurm allows ExcNodeList changes only once the job
-    is pending again, hence the order). Recorded in health_stop.json. Elsewhere: nothing."""
+    is pending again, hence the order) — both through the action gate, as automated
+    actions from a CRITICAL health check. Recorded in health_stop.json. Elsewhere: nothing."""
     from slurmagent.errors import SlurmAgentError
+    from slurmagent.runtime.actions import request_exclude, request_requeue
     from slurmagent.runtime.checkpoint import atomic_write
     from slurmagent.slurm.seam import SlurmCLI
 
     job = ctx.slurm_requeue_id
     if ctx.backend != "slurm" or not job or not ctx.node or ctx.rank != 0:
         return {}
-    slurm = SlurmCLI(timeout=30)
+    source = "health_check:CRITICAL"
     done: dict[str, Any] = {"requeued": False, "excluded": None}
     try:
-        show = slurm.run(["scontrol", "show", "job", "-o", job])
+        show = SlurmCLI(timeout=30).run(["scontrol", "show", "job", "-o", job])
         current = next((f.split("=", 1)[1] for f in show.split() if f.startswith("ExcNodeList=")), "(null)")
-        slurm.requeue(job)
-        done["requeued"] = True
-        excluded = ",".join(x for x in (current if current != "(null)" else "", ctx.node) if x)
-        slurm.run(["scontrol", "update", f"jobid={job}", f"ExcNodeList={excluded}"])
-        done["excluded"] = excluded
+        why = f"health check CRITICAL on {ctx.node}: requeue from the checkpoint just written"
+        requeued = request_requeue(ctx, why, {"node": ctx.node}, source=source, cause="gpu_health")
+        done["requeued"] = requeued.executed
+        if requeued.executed:
+            excluded = ",".join(x for x in (current if current != "(null)" else "", ctx.node) if x)
+            moved = request_exclude(ctx, excluded, f"health check CRITICAL on {ctx.node}: run elsewhere", source)
+            done["excluded"] = excluded if moved.executed else None
+            if not moved.executed:
+                done["error"] = str(moved.result.get("error") or moved.decision.rule)
+        else:
+            done["error"] = (
+                f"requeue {requeued.decision.verdict}: {requeued.result.get('error') or requeued.decision.rule}"
+            )
     except SlurmAgentError as exc:
         done["error"] = str(exc)
         log.error("could not requeue %s away from %s: %s", job, ctx.node, exc)

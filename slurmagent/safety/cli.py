@@ -50,7 +50,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
         for r in rows:
             print(json.dumps(r, default=str))
     else:
-        _console().print(audit_table(rows, f"{args.path}: {len(rows)} of {len(records)} record(s)"))
+        # the summary on its own line: a table title would wrap a long path mid-sentence
+        print(f"{args.path}: {len(rows)} of {len(records)} record(s)")
+        _console().print(audit_table(rows, "audit"))
     return EXIT_OK
 
 

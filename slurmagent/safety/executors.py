@@ -42,6 +42,12 @@ def standalone_executors(sweep_dir: Path, slurm: SlurmCLI | None = None) -> dict
         cli.requeue(a.target)
         return {"requeued": a.target}
 
+    def exclude_node(a: Action) -> dict[str, Any]:
+        # a pending (e.g. just requeued) job: its next run avoids the node(s) in params["exclude"]
+        excluded = str(a.params["exclude"])
+        cli.run(["scontrol", "update", f"JobId={a.target}", f"ExcNodeList={excluded}"])
+        return {"excluded": excluded, "job": a.target}
+
     def drain(a: Action) -> dict[str, Any]:
         cli.run(["scontrol", "update", f"NodeName={a.target}", "State=DRAIN", f"Reason={a.reason[:200]}"])
         return {"drained": a.target}
@@ -49,6 +55,7 @@ def standalone_executors(sweep_dir: Path, slurm: SlurmCLI | None = None) -> dict
     return {
         "cancel": cancel,
         "requeue": requeue,
+        "exclude_node": exclude_node,
         "drain_node": drain,
         "delete_checkpoint": lambda a: delete_inside(sweep_dir, a.target),
     }
