@@ -4,10 +4,17 @@ A checkpoint is one file `step_<N>.ckpt` plus an entry in `manifest.json`. Both 
 written to a temporary file, fsync'ed, renamed into place, and the directory fsync'ed, so
 a crash at any moment leaves either the old or the new checkpoint, never half of one.
 `restore()` takes the newest entry whose checksum verifies and falls back to older ones.
+
+`save_background()` blocks the caller only for a snapshot of the state (tensors cloned to
+CPU memory); serialising, writing, fsync and the manifest update run in a thread. At most
+one write is in flight: the next save (or `wait()`) joins it first and raises its error,
+if it had one, as a CheckpointError. The file is byte for byte what `save()` writes for
+the same snapshot.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -15,9 +22,10 @@ import logging
 import os
 import pickle
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +53,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes | memoryview) -> None:
     """Write `data` to `path` atomically: temp file in the same directory, fsync, rename."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
@@ -60,7 +68,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _dumps(obj: Any) -> bytes:
+def _dumps(obj: Any) -> bytes | memoryview:
     """torch.save when torch is in use (state with tensors), else plain pickle: a job that
     never imported torch does not pay ~200 MB of memory for importing it here."""
     if "torch" not in sys.modules:
@@ -69,7 +77,44 @@ def _dumps(obj: Any) -> bytes:
 
     buf = io.BytesIO()
     torch.save(obj, buf)
-    return buf.getvalue()
+    return buf.getbuffer()  # no second copy of a possibly multi-GB buffer
+
+
+def _offload(obj: Any, memo: dict[int, Any], torch: Any) -> None:
+    """Pre-fill deepcopy's memo with CPU copies of the accelerator tensors found in nested
+    dicts, lists and tuples (where state dicts keep them)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu" and id(obj) not in memo:
+            cpu = obj.detach().to("cpu")
+            memo[id(obj)] = torch.nn.Parameter(cpu, obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else cpu
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _offload(value, memo, torch)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _offload(value, memo, torch)
+
+
+def snapshot(state: Any) -> Any:
+    """A copy of `state` that later in-place updates cannot reach: a deep copy, with
+    tensors cloned (torch's deepcopy keeps shared storage shared, Parameters, and a state
+    dict's `_metadata`) and accelerator tensors copied to CPU memory."""
+    memo: dict[int, Any] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _offload(state, memo, torch)
+    return copy.deepcopy(state, memo)
+
+
+@dataclass
+class _Write:
+    """A background write in flight."""
+
+    step: int
+    thread: threading.Thread | None = None
+    entry: CheckpointEntry | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 def _loads(data: bytes) -> Any:
@@ -89,7 +134,9 @@ class CheckpointManager:
         self.dir = Path(directory)
         self.keep_last = keep_last
         self._clock = clock
-        self.last_save_s: float = 0.0  # duration of the last save, measured
+        self.last_save_s: float = 0.0  # duration of the last completed save, start to durable file
+        self.last_blocked_s: float = 0.0  # how long the last save call blocked its caller
+        self._pending: _Write | None = None
 
     # -- manifest -------------------------------------------------------------
     def entries(self) -> list[CheckpointEntry]:
@@ -110,7 +157,63 @@ class CheckpointManager:
 
     # -- save / restore ---------------------------------------------------------
     def save(self, step: int, state: Any) -> CheckpointEntry:
+        """Write a checkpoint now; returns once it is durable. Finishes (and raises the error
+        of) any background write first."""
         t0 = time.perf_counter()
+        self.wait()
+        entry = self._write(step, state)
+        self.last_save_s = self.last_blocked_s = time.perf_counter() - t0
+        return entry
+
+    def save_background(self, step: int, state: Any) -> None:
+        """Snapshot `state` and write it in a background thread. Blocks for the previous
+        background write (raising its error, if any) and for the snapshot only."""
+        t0 = time.perf_counter()
+        self.wait()
+        snap = snapshot(state)
+        pending = _Write(step)
+        pending.thread = threading.Thread(
+            target=self._write_in_background, args=(pending, snap, t0), name=f"checkpoint-{step}"
+        )
+        pending.thread.start()
+        self._pending = pending
+        self.last_blocked_s = time.perf_counter() - t0
+
+    def _write_in_background(self, pending: _Write, snap: Any, t0: float) -> None:
+        try:
+            pending.entry = self._write(pending.step, snap)
+            self.last_save_s = time.perf_counter() - t0
+        except BaseException as exc:  # handed to the caller by wait()
+            pending.error = exc
+        finally:
+            pending.done.set()
+
+    @property
+    def writing(self) -> bool:
+        """A background write is in flight."""
+        return self._pending is not None and not self._pending.done.is_set()
+
+    def wait(self, raise_errors: bool = True) -> CheckpointEntry | None:
+        """Join the background write in flight, if any; its entry, or None when there was
+        none. A failed write raises CheckpointError (or, with raise_errors=False, is logged:
+        for a caller already unwinding from another error)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        assert pending.thread is not None
+        pending.thread.join()
+        if pending.error is None:
+            return pending.entry
+        err = pending.error
+        what = f"background checkpoint at step {pending.step} failed: {err}"
+        if not raise_errors:
+            log.error("%s", what)
+            return None
+        if isinstance(err, CheckpointError):
+            raise err
+        raise CheckpointError(f"{what}; older checkpoints are intact") from err
+
+    def _write(self, step: int, state: Any) -> CheckpointEntry:
         self.dir.mkdir(parents=True, exist_ok=True)
         data = _dumps(state)
         name = f"step_{step:010d}.ckpt"
@@ -130,7 +233,6 @@ class CheckpointManager:
         for old in drop:
             if old.file not in {k.file for k in keep}:
                 (self.dir / old.file).unlink(missing_ok=True)
-        self.last_save_s = time.perf_counter() - t0
         return entry
 
     def verify(self, entry: CheckpointEntry) -> bytes | None:

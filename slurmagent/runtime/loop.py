@@ -140,10 +140,27 @@ class StepLoop:
         log.info("resumed from checkpoint at step %d (%s)", entry.step, entry.file)
         return entry.step
 
-    def save(self, step: int) -> None:
+    # -- checkpoint saves (background periodic saves: see CheckpointManager.save_background) --
+    background_saves = True  # periodic saves block only for a snapshot; set False for synchronous ones
+
+    def save(self, step: int, background: bool = False) -> None:
+        """Checkpoint after `step` steps. background=True (periodic saves): returns after a
+        snapshot, the write runs in a thread. Otherwise the write (and any earlier background
+        one) is durable when this returns: stop-for-requeue and final saves."""
         if self.is_writer:
-            self.manager.save(step, {"state": self.state.state_dict(), "metrics": self.metrics, "step": step})
+            payload = {"state": self.state.state_dict(), "metrics": self.metrics, "step": step}
+            if background and self.background_saves:
+                self.manager.save_background(step, payload)
+            else:
+                self.manager.save(step, payload)
         self._last_save = self._clock()
+
+    @property
+    def last_save_seconds(self) -> float:
+        """Duration of the last completed save, start to durable file (0.0 before the first)."""
+        return self.manager.last_save_s
+
+    # -- end of checkpoint saves --
 
     def report(self, **metrics: float) -> None:
         """Record metrics for this step: kept in `loop.metrics` and in checkpoints, and
@@ -177,11 +194,12 @@ class StepLoop:
                     log.warning("signal %s: checkpointed at step %d, stopping for requeue", self.flag.signum, done)
                     raise StopForRequeue(int(self.flag.signum or 0), done, tuple(self.flag.history))
                 if done < self.total_steps and self._due(done):
-                    self.save(done)
+                    self.save(done, background=True)
             self.step = self.total_steps
             if self.total_steps > self.start_step or self.restored_from is None:
                 self.save(self.total_steps)
         finally:
+            self.manager.wait(raise_errors=False)  # leaving early: let a background write finish
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self._metrics_file is not None:
