@@ -24,10 +24,11 @@ import pickle
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO, cast
 
 from slurmagent.errors import CheckpointError
 
@@ -53,12 +54,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | memoryview) -> None:
-    """Write `data` to `path` atomically: temp file in the same directory, fsync, rename."""
+@contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file to write `path` through: a temp file in the same directory, fsync'ed and
+    renamed into place when the block ends; removed if the block raises."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -68,42 +71,112 @@ def atomic_write(path: Path, data: bytes | memoryview) -> None:
     _fsync_dir(path.parent)
 
 
-def _dumps(obj: Any) -> bytes | memoryview:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically: temp file in the same directory, fsync, rename."""
+    with _atomic_file(path) as fh:
+        fh.write(data)
+
+
+class _HashingWriter:
+    """File-like `write` that checksums and counts what passes through to `fh`."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)  # hashlib and the file write release the GIL on large buffers
+        n = self.fh.write(data)
+        self.bytes += n
+        return n
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _dump(obj: Any, out: _HashingWriter) -> None:
     """torch.save when torch is in use (state with tensors), else plain pickle: a job that
-    never imported torch does not pay ~200 MB of memory for importing it here."""
+    never imported torch does not pay ~200 MB of memory for importing it here. Streams to
+    the file: no in-memory copy of a possibly multi-GB checkpoint."""
     if "torch" not in sys.modules:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dump(obj, out, protocol=pickle.HIGHEST_PROTOCOL)
+        return
     import torch
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getbuffer()  # no second copy of a possibly multi-GB buffer
+    torch.save(obj, cast(IO[bytes], out))  # torch only calls write() and flush()
 
 
-def _offload(obj: Any, memo: dict[int, Any], torch: Any) -> None:
-    """Pre-fill deepcopy's memo with CPU copies of the accelerator tensors found in nested
-    dicts, lists and tuples (where state dicts keep them)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.device.type != "cpu" and id(obj) not in memo:
-            cpu = obj.detach().to("cpu")
-            memo[id(obj)] = torch.nn.Parameter(cpu, obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else cpu
-    elif isinstance(obj, dict):
+class _Staging:
+    """CPU storages a snapshot copies tensors into, reused by the next snapshot once the
+    write that read them is done: copying into memory already faulted in is several times
+    faster than into fresh memory (bench/README.md). Holds one state's size of memory."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[Any]] = {}
+        self._used: list[Any] = []
+
+    def begin(self) -> None:
+        """Start a snapshot: the previous one's storages become free for reuse."""
+        self._free = {}
+        for storage in self._used:
+            self._free.setdefault(storage.nbytes(), []).append(storage)
+        self._used = []
+
+    def take(self, nbytes: int, torch: Any) -> Any:
+        pool = self._free.get(nbytes)
+        storage = pool.pop() if pool else torch.UntypedStorage(nbytes)
+        self._used.append(storage)
+        return storage
+
+    def end(self) -> None:
+        self._free = {}  # storages the state no longer needs are released
+
+
+def _prefill(obj: Any, memo: dict[int, Any], copies: dict[int, Any], torch: Any, staging: _Staging | None) -> None:
+    """Put CPU copies of the tensors found in nested dicts, lists and tuples (where state
+    dicts keep them) into deepcopy's memo. Plain CPU tensors are views on copies of their
+    storages, so tensors that shared a storage still share one; tensors on an accelerator
+    are copied to CPU; other tensor kinds are left to torch's deepcopy."""
+    if isinstance(obj, dict):
         for value in obj.values():
-            _offload(value, memo, torch)
+            _prefill(value, memo, copies, torch, staging)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            _offload(value, memo, torch)
+            _prefill(value, memo, copies, torch, staging)
+    elif isinstance(obj, torch.Tensor) and id(obj) not in memo:
+        if obj.device.type != "cpu":
+            cpu = obj.detach().to("cpu")
+            memo[id(obj)] = torch.nn.Parameter(cpu, obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else cpu
+        elif (
+            type(obj) is torch.Tensor
+            and obj.layout == torch.strided
+            and not (obj.requires_grad or obj.is_quantized or obj.is_conj() or obj.is_neg() or obj.__dict__)
+        ):
+            src = obj.untyped_storage()
+            dst = copies.get(src.data_ptr())
+            if dst is None:
+                dst = staging.take(src.nbytes(), torch) if staging else torch.UntypedStorage(src.nbytes())
+                dst.copy_(src)
+                copies[src.data_ptr()] = dst
+            memo[id(obj)] = torch.empty(0, dtype=obj.dtype).set_(dst, obj.storage_offset(), obj.size(), obj.stride())
 
 
-def snapshot(state: Any) -> Any:
-    """A copy of `state` that later in-place updates cannot reach: a deep copy, with
-    tensors cloned (torch's deepcopy keeps shared storage shared, Parameters, and a state
-    dict's `_metadata`) and accelerator tensors copied to CPU memory."""
+def snapshot(state: Any, staging: _Staging | None = None) -> Any:
+    """A copy of `state` that later in-place updates cannot reach: a deep copy (a state
+    dict's `_metadata` included), with tensors copied to CPU memory, shared storages kept
+    shared. Saving it gives the same bytes as saving `state` (for CPU tensors)."""
     memo: dict[int, Any] = {}
     torch = sys.modules.get("torch")
-    if torch is not None:
-        _offload(state, memo, torch)
-    return copy.deepcopy(state, memo)
+    if staging is not None:
+        staging.begin()
+    try:
+        if torch is not None:
+            _prefill(state, memo, {}, torch, staging)
+        return copy.deepcopy(state, memo)
+    finally:
+        if staging is not None:
+            staging.end()
 
 
 @dataclass
@@ -136,7 +209,9 @@ class CheckpointManager:
         self._clock = clock
         self.last_save_s: float = 0.0  # duration of the last completed save, start to durable file
         self.last_blocked_s: float = 0.0  # how long the last save call blocked its caller
+        self.last_wait_s: float = 0.0  # of which waiting for the previous background write to finish
         self._pending: _Write | None = None
+        self._staging = _Staging()  # snapshot memory, reused from one background save to the next
 
     # -- manifest -------------------------------------------------------------
     def entries(self) -> list[CheckpointEntry]:
@@ -161,6 +236,7 @@ class CheckpointManager:
         of) any background write first."""
         t0 = time.perf_counter()
         self.wait()
+        self.last_wait_s = time.perf_counter() - t0
         entry = self._write(step, state)
         self.last_save_s = self.last_blocked_s = time.perf_counter() - t0
         return entry
@@ -170,7 +246,8 @@ class CheckpointManager:
         background write (raising its error, if any) and for the snapshot only."""
         t0 = time.perf_counter()
         self.wait()
-        snap = snapshot(state)
+        self.last_wait_s = time.perf_counter() - t0
+        snap = snapshot(state, self._staging)
         pending = _Write(step)
         pending.thread = threading.Thread(
             target=self._write_in_background, args=(pending, snap, t0), name=f"checkpoint-{step}"
@@ -215,16 +292,17 @@ class CheckpointManager:
 
     def _write(self, step: int, state: Any) -> CheckpointEntry:
         self.dir.mkdir(parents=True, exist_ok=True)
-        data = _dumps(state)
         name = f"step_{step:010d}.ckpt"
         try:
-            atomic_write(self.dir / name, data)
+            with _atomic_file(self.dir / name) as fh:
+                out = _HashingWriter(fh)
+                _dump(state, out)
         except OSError as exc:
             raise CheckpointError(
                 f"could not write checkpoint {self.dir / name}: {exc}; older checkpoints are intact"
             ) from exc
         entry = CheckpointEntry(
-            step=step, file=name, time=self._clock(), sha256=hashlib.sha256(data).hexdigest(), bytes=len(data)
+            step=step, file=name, time=self._clock(), sha256=out.sha256.hexdigest(), bytes=out.bytes
         )
         entries = [e for e in self.entries() if e.step != step] + [entry]
         entries.sort(key=lambda e: e.step)

@@ -51,7 +51,7 @@ class GatedDumps:
     when a background write runs), every call waits `delay_s`; counts concurrent writers."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, gated: int = 1, delay_s: float = 0.0) -> None:
-        self.real = ckpt_mod._dumps
+        self.real = ckpt_mod._dump
         self.gate = threading.Event()
         self.gated = gated
         self.calls = 0
@@ -59,9 +59,9 @@ class GatedDumps:
         self.active = 0
         self.max_active = 0
         self.lock = threading.Lock()
-        monkeypatch.setattr(ckpt_mod, "_dumps", self)
+        monkeypatch.setattr(ckpt_mod, "_dump", self)
 
-    def __call__(self, obj: Any) -> bytes | memoryview:
+    def __call__(self, obj: Any, out: Any) -> None:
         with self.lock:
             self.calls += 1
             gated = self.calls <= self.gated
@@ -71,7 +71,7 @@ class GatedDumps:
             if gated:
                 assert self.gate.wait(30), "test gate never opened"
             time.sleep(self.delay_s)
-            return self.real(obj)
+            self.real(obj, out)
         finally:
             with self.lock:
                 self.active -= 1
@@ -208,3 +208,24 @@ def test_synchronous_periodic_saves_when_switched_off(tmp_path: Path, monkeypatc
     for step in loop:
         if step == 2:
             assert not loop.manager.writing and [e.step for e in loop.manager.entries()] == [2]
+
+
+def test_snapshot_memory_is_reused_only_after_its_write(tmp_path: Path) -> None:
+    m = CheckpointManager(tmp_path)
+    w = torch.zeros(10_000)
+    state = {"w": w, "view": w[5:], "step": 0}
+    ptrs = []
+    for step in (1, 2, 3):
+        w.fill_(step)
+        state["step"] = step
+        m.save_background(step, state)
+        ptrs.append(sorted(s.data_ptr() for s in m._staging._used))
+    m.wait()
+    assert len(ptrs[0]) == 1  # the view shares the copy of its storage
+    assert ptrs[0] == ptrs[1] == ptrs[2]  # the same snapshot memory, reused
+    for entry in m.entries():  # every file holds its own step's values
+        data = m.verify(entry)
+        assert data is not None
+        saved = ckpt_mod._loads(data)
+        assert saved["step"] == entry.step and torch.equal(saved["w"], torch.full((10_000,), float(entry.step)))
+        assert saved["view"].data_ptr() == saved["w"].data_ptr() + 5 * 4
