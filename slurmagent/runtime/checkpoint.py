@@ -132,27 +132,49 @@ class _Staging:
     def end(self) -> None:
         self._free = {}  # storages the state no longer needs are released
 
+    def warm(self, sizes: list[int], torch: Any) -> None:
+        """Allocate storages of these sizes and touch every page (for the next snapshot)."""
+        for nbytes in sizes:
+            storage = torch.UntypedStorage(nbytes)
+            storage.fill_(0)
+            self._used.append(storage)
 
-def _prefill(obj: Any, memo: dict[int, Any], copies: dict[int, Any], torch: Any, staging: _Staging | None) -> None:
-    """Put CPU copies of the tensors found in nested dicts, lists and tuples (where state
-    dicts keep them) into deepcopy's memo. Plain CPU tensors are views on copies of their
-    storages, so tensors that shared a storage still share one; tensors on an accelerator
-    are copied to CPU; other tensor kinds are left to torch's deepcopy."""
+
+def _tensors(obj: Any, torch: Any) -> Iterator[Any]:
+    """The tensors in nested dicts, lists and tuples (where state dicts keep them)."""
     if isinstance(obj, dict):
         for value in obj.values():
-            _prefill(value, memo, copies, torch, staging)
+            yield from _tensors(value, torch)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            _prefill(value, memo, copies, torch, staging)
-    elif isinstance(obj, torch.Tensor) and id(obj) not in memo:
+            yield from _tensors(value, torch)
+    elif isinstance(obj, torch.Tensor):
+        yield obj
+
+
+def _plain_cpu(t: Any, torch: Any) -> bool:
+    """A dense CPU tensor with nothing but its storage view to copy (state dict entries)."""
+    return (
+        type(t) is torch.Tensor
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not (t.requires_grad or t.is_quantized or t.is_conj() or t.is_neg() or t.__dict__)
+    )
+
+
+def _prefill(state: Any, memo: dict[int, Any], torch: Any, staging: _Staging | None) -> None:
+    """Put CPU copies of the state's tensors into deepcopy's memo. Plain CPU tensors become
+    views on copies of their storages, so tensors that shared a storage still share one;
+    tensors on an accelerator are copied to CPU; other tensor kinds are left to torch's
+    deepcopy."""
+    copies: dict[int, Any] = {}
+    for obj in _tensors(state, torch):
+        if id(obj) in memo:
+            continue
         if obj.device.type != "cpu":
             cpu = obj.detach().to("cpu")
             memo[id(obj)] = torch.nn.Parameter(cpu, obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else cpu
-        elif (
-            type(obj) is torch.Tensor
-            and obj.layout == torch.strided
-            and not (obj.requires_grad or obj.is_quantized or obj.is_conj() or obj.is_neg() or obj.__dict__)
-        ):
+        elif _plain_cpu(obj, torch):
             src = obj.untyped_storage()
             dst = copies.get(src.data_ptr())
             if dst is None:
@@ -172,7 +194,7 @@ def snapshot(state: Any, staging: _Staging | None = None) -> Any:
         staging.begin()
     try:
         if torch is not None:
-            _prefill(state, memo, {}, torch, staging)
+            _prefill(state, memo, torch, staging)
         return copy.deepcopy(state, memo)
     finally:
         if staging is not None:
@@ -184,6 +206,7 @@ class _Write:
     """A background write in flight."""
 
     step: int
+    what: str  # for error messages
     thread: threading.Thread | None = None
     entry: CheckpointEntry | None = None
     error: BaseException | None = None
@@ -248,7 +271,7 @@ class CheckpointManager:
         self.wait()
         self.last_wait_s = time.perf_counter() - t0
         snap = snapshot(state, self._staging)
-        pending = _Write(step)
+        pending = _Write(step, f"background checkpoint at step {step}")
         pending.thread = threading.Thread(
             target=self._write_in_background, args=(pending, snap, t0), name=f"checkpoint-{step}"
         )
@@ -265,10 +288,36 @@ class CheckpointManager:
         finally:
             pending.done.set()
 
+    def prepare(self, state: Any) -> None:
+        """Allocate and touch the snapshot memory for `state` in a background thread, so
+        that the first background save copies into memory already faulted in (3-5x faster
+        than into fresh pages). For training code to call once it has restored its state."""
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        self.wait()
+        sizes: dict[int, int] = {}
+        for t in _tensors(state, torch):
+            if _plain_cpu(t, torch):
+                sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        pending = _Write(-1, "allocating snapshot memory")
+
+        def warm() -> None:
+            try:
+                self._staging.warm(list(sizes.values()), torch)
+            except BaseException as exc:  # handed to the caller by wait()
+                pending.error = exc
+            finally:
+                pending.done.set()
+
+        pending.thread = threading.Thread(target=warm, name="checkpoint-prepare")
+        pending.thread.start()
+        self._pending = pending
+
     @property
     def writing(self) -> bool:
-        """A background write is in flight."""
-        return self._pending is not None and not self._pending.done.is_set()
+        """A background checkpoint write is in flight."""
+        return self._pending is not None and self._pending.step >= 0 and not self._pending.done.is_set()
 
     def wait(self, raise_errors: bool = True) -> CheckpointEntry | None:
         """Join the background write in flight, if any; its entry, or None when there was
@@ -282,7 +331,7 @@ class CheckpointManager:
         if pending.error is None:
             return pending.entry
         err = pending.error
-        what = f"background checkpoint at step {pending.step} failed: {err}"
+        what = f"{pending.what} failed: {err}"
         if not raise_errors:
             log.error("%s", what)
             return None

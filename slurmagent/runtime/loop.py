@@ -181,8 +181,11 @@ class StepLoop:
     def __iter__(self) -> Iterator[int]:
         owned = self.flag is _job_flag  # the job wrapper already owns the signals
         previous = install_handlers(self.flag, self._signals) if self._install and not owned else {}
+        periodic = 0 < self.conf.every_steps < self.total_steps or self.conf.every_seconds
         try:
             self.restore()
+            if self.is_writer and self.background_saves and periodic:
+                self.manager.prepare(self.state.state_dict())  # snapshot memory, allocated in the background
             if self.flag.set:  # stopped before the first step: nothing new to save
                 raise StopForRequeue(int(self.flag.signum or 0), self.start_step, tuple(self.flag.history))
             for step in range(self.start_step, self.total_steps):

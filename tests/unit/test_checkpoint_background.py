@@ -229,3 +229,17 @@ def test_snapshot_memory_is_reused_only_after_its_write(tmp_path: Path) -> None:
         saved = ckpt_mod._loads(data)
         assert saved["step"] == entry.step and torch.equal(saved["w"], torch.full((10_000,), float(entry.step)))
         assert saved["view"].data_ptr() == saved["w"].data_ptr() + 5 * 4
+
+
+def test_prepared_snapshot_memory_is_what_the_first_snapshot_uses(tmp_path: Path) -> None:
+    m = CheckpointManager(tmp_path)
+    state = {"a": torch.arange(1000.0), "b": torch.ones(10, 10)}
+    m.prepare(state)
+    assert m.wait() is None  # the allocation ran in the background, without error
+    prepared = sorted(s.data_ptr() for s in m._staging._used)
+    m.save_background(1, state)
+    assert sorted(s.data_ptr() for s in m._staging._used) == prepared
+    entry = m.wait()
+    assert entry is not None
+    found = m.latest()
+    assert found is not None and torch.equal(found[1]["a"], torch.arange(1000.0))
