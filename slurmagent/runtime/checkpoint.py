@@ -133,11 +133,16 @@ class _Staging:
         self._free = {}  # storages the state no longer needs are released
 
     def warm(self, sizes: list[int], torch: Any) -> None:
-        """Allocate storages of these sizes and touch every page (for the next snapshot)."""
+        """Have storages of these sizes ready for the next snapshot, every page touched;
+        ones already held are kept."""
+        self.begin()
         for nbytes in sizes:
-            storage = torch.UntypedStorage(nbytes)
-            storage.fill_(0)
-            self._used.append(storage)
+            pool = self._free.get(nbytes)
+            if pool:
+                self._used.append(pool.pop())
+            else:
+                self.take(nbytes, torch).fill_(0)
+        self.end()
 
 
 def _tensors(obj: Any, torch: Any) -> Iterator[Any]:
@@ -272,21 +277,29 @@ class CheckpointManager:
         self.last_wait_s = time.perf_counter() - t0
         snap = snapshot(state, self._staging)
         pending = _Write(step, f"background checkpoint at step {step}")
-        pending.thread = threading.Thread(
-            target=self._write_in_background, args=(pending, snap, t0), name=f"checkpoint-{step}"
-        )
-        pending.thread.start()
-        self._pending = pending
+
+        def write() -> None:
+            pending.entry = self._write(step, snap)
+            self.last_save_s = time.perf_counter() - t0
+
+        self._start(pending, write)
         self.last_blocked_s = time.perf_counter() - t0
 
-    def _write_in_background(self, pending: _Write, snap: Any, t0: float) -> None:
-        try:
-            pending.entry = self._write(pending.step, snap)
-            self.last_save_s = time.perf_counter() - t0
-        except BaseException as exc:  # handed to the caller by wait()
-            pending.error = exc
-        finally:
-            pending.done.set()
+    def _start(self, pending: _Write, work: Callable[[], None]) -> None:
+        """Run `work` in a thread as the one background job in flight; an exception is
+        kept for `wait()` to raise."""
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:
+                pending.error = exc
+            finally:
+                pending.done.set()
+
+        pending.thread = threading.Thread(target=run, name=f"checkpoint-{pending.step}")
+        pending.thread.start()
+        self._pending = pending
 
     def prepare(self, state: Any) -> None:
         """Allocate and touch the snapshot memory for `state` in a background thread, so
@@ -300,19 +313,7 @@ class CheckpointManager:
         for t in _tensors(state, torch):
             if _plain_cpu(t, torch):
                 sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        pending = _Write(-1, "allocating snapshot memory")
-
-        def warm() -> None:
-            try:
-                self._staging.warm(list(sizes.values()), torch)
-            except BaseException as exc:  # handed to the caller by wait()
-                pending.error = exc
-            finally:
-                pending.done.set()
-
-        pending.thread = threading.Thread(target=warm, name="checkpoint-prepare")
-        pending.thread.start()
-        self._pending = pending
+        self._start(_Write(-1, "allocating snapshot memory"), lambda: self._staging.warm(list(sizes.values()), torch))
 
     @property
     def writing(self) -> bool:

@@ -243,3 +243,14 @@ def test_prepared_snapshot_memory_is_what_the_first_snapshot_uses(tmp_path: Path
     assert entry is not None
     found = m.latest()
     assert found is not None and torch.equal(found[1]["a"], torch.arange(1000.0))
+
+
+def test_prepare_twice_keeps_one_set_of_snapshot_memory(tmp_path: Path) -> None:
+    m = CheckpointManager(tmp_path)
+    state = {"a": torch.zeros(1000), "b": torch.zeros(10)}
+    m.prepare(state)
+    m.wait()
+    first = sorted(s.data_ptr() for s in m._staging._used)
+    m.prepare(state)
+    m.wait()
+    assert sorted(s.data_ptr() for s in m._staging._used) == first
