@@ -32,6 +32,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     syn = cfg.get("synthetic", {}) or {}
     steps = int(syn.get("steps", 100))
     step_time = float(syn.get("step_time_s", 0.0))
+    timeline = bool(syn.get("timeline", False))  # each step's end time into metrics.jsonl (benchmarks)
     ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
     state = CounterState()
     # memory held for the whole run: lets tests drive a job over its --mem (a real cgroup OOM)
@@ -44,6 +45,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             time.sleep(step_time)
         state.digest = hashlib.sha256(f"{state.digest}:{step}".encode()).hexdigest()
         state.steps_run += 1
+        if timeline:
+            loop.report(t=time.time(), attempt=ctx.attempt)
     return {
         "steps": steps,
         "digest": state.digest,

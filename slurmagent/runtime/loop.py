@@ -169,9 +169,9 @@ class StepLoop:
         self.step = 0
         self._metrics_file: IO[str] | None = None
         self._grace = grace if grace is not None else _job_grace
-        self.last_save_seconds: float | None = None  # how long the last checkpoint write blocked the loop
         self.last_saved_step: int | None = None
         self.stop_note = ""  # what the stop did about its checkpoint, for logs and tests
+        self._gather_s = 0.0  # time the last save took to gather the state (state_dict)
         # -- runtime health (slurmagent/runtime/health.py): None unless configured --
         self.health = health if health is not None else monitor_for(ctx)
 
@@ -187,13 +187,36 @@ class StepLoop:
         log.info("resumed from checkpoint at step %d (%s)", entry.step, entry.file)
         return entry.step
 
-    def save(self, step: int) -> None:
+    # -- checkpoint saves (background periodic saves: see CheckpointManager.save_background) --
+    background_saves = True  # periodic saves block only for a snapshot; set False for synchronous ones
+
+    def save(self, step: int, background: bool = False) -> None:
+        """Checkpoint after `step` steps. background=True (periodic saves): returns after a
+        snapshot, the write runs in a thread. Otherwise the write (and any earlier background
+        one) is durable when this returns: stop-for-requeue and final saves."""
         if self.is_writer:
             started = time.monotonic()
-            self.manager.save(step, {"state": self.state.state_dict(), "metrics": self.metrics, "step": step})
-            self.last_save_seconds = time.monotonic() - started
+            payload = {"state": self.state.state_dict(), "metrics": self.metrics, "step": step}
+            self._gather_s = time.monotonic() - started
+            if background and self.background_saves:
+                self.manager.save_background(step, payload)
+            else:
+                self.manager.save(step, payload)
         self.last_saved_step = step
         self._last_save = self._clock()
+
+    @property
+    def last_save_seconds(self) -> float:
+        """Duration of the last completed save, start to durable file (0.0 before the first)."""
+        return self.manager.last_save_s
+
+    @property
+    def save_cost_estimate(self) -> float:
+        """What a synchronous save costs now, from the last one: gathering the state plus
+        writing it durably (0.0 before the first save)."""
+        return self._gather_s + self.manager.last_save_s if self.manager.last_save_s else 0.0
+
+    # -- end of checkpoint saves --
 
     def _stop_save(self, done: int) -> int:
         """The checkpoint at a stop: written when it fits the grace window left after the
@@ -202,8 +225,8 @@ class StepLoop:
         signum = int(self.flag.signum or 0)
         grace = self._grace(signum) if (self._grace is not None and signum) else None
         elapsed = time.monotonic() - self.flag.received_at if self.flag.received_at is not None else 0.0
-        cost = self.last_save_seconds
-        if self.is_writer and grace is not None and cost is not None and elapsed + cost > grace:
+        cost = self.save_cost_estimate  # a background write's time counts in full: conservative
+        if self.is_writer and grace is not None and cost > 0 and elapsed + cost > grace:
             fallback = self.last_saved_step if self.last_saved_step is not None else self.restored_from
             self.stop_note = (
                 f"stop checkpoint skipped: it takes about {cost:.1f} s and {max(0.0, grace - elapsed):.1f} s of the "
@@ -211,10 +234,11 @@ class StepLoop:
                 f"step {fallback or 0} and redoes {done - (fallback or 0)} steps"
             )
             log.warning("%s", self.stop_note)
+            self.manager.wait(raise_errors=False)  # a periodic write in flight still lands
             _barrier()
             return fallback or 0
         self.save(done)
-        self.stop_note = f"stop checkpoint at step {done} written in {self.last_save_seconds or 0.0:.2f} s"
+        self.stop_note = f"stop checkpoint at step {done} written in {self.last_save_seconds:.2f} s"
         _barrier()  # no rank leaves before rank 0's checkpoint is on disk
         return done
 
@@ -237,8 +261,11 @@ class StepLoop:
     def __iter__(self) -> Iterator[int]:
         owned = self.flag is _job_flag  # the job wrapper already owns the signals
         previous = install_handlers(self.flag, self._signals) if self._install and not owned else {}
+        periodic = 0 < self.conf.every_steps < self.total_steps or self.conf.every_seconds
         try:
             self.restore()
+            if self.is_writer and self.background_saves and periodic:
+                self.manager.prepare(self.state.state_dict())  # snapshot memory, allocated in the background
             if agree_stop(self.flag.set):  # stopped before the first step: nothing new to save
                 raise StopForRequeue(int(self.flag.signum or 0), self.start_step, tuple(self.flag.history))
             for step in range(self.start_step, self.total_steps):
@@ -256,11 +283,12 @@ class StepLoop:
                     log.warning("signal %s: %s; stopping for requeue", self.flag.signum, self.stop_note)
                     raise StopForRequeue(int(self.flag.signum or 0), resume_at, tuple(self.flag.history))
                 if done < self.total_steps and self._due(done):
-                    self.save(done)
+                    self.save(done, background=True)
             self.step = self.total_steps
             if self.total_steps > self.start_step or self.restored_from is None:
                 self.save(self.total_steps)
         finally:
+            self.manager.wait(raise_errors=False)  # leaving early: let a background write finish
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self._metrics_file is not None:

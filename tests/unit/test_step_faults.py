@@ -160,6 +160,7 @@ def test_stop_checkpoint_that_cannot_fit_the_grace_window_falls_back_to_the_peri
     ctx = context_from_env({}, output_dir=tmp_path)
     state = SlowState()
     loop = StepLoop(ctx, state, 10, CheckpointConf(every_steps=2), grace=lambda signum: 0.1)
+    loop.background_saves = False  # the periodic save is measured when the stop comes
     with pytest.raises(StopForRequeue) as stop:
         for step in loop:
             state.value += 1
