@@ -28,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,8 +102,12 @@ class Run:
             return []
 
     def squeue(self, job_id: str) -> tuple[str, str]:
-        """(state, node list) of a job Slurm still lists, else ("", "")."""
-        out = slurm(["squeue", "-h", "-j", job_id, "-o", "%T|%N"], self.env, check=False).strip()
+        """(state, node list) of a job Slurm still lists, ("", "") for one it does not,
+        ("UNKNOWN", "") while slurmctld does not answer."""
+        try:
+            out = slurm(["squeue", "-h", "-j", job_id, "-o", "%T|%N"], self.env).strip()
+        except InjectionError:
+            return "UNKNOWN", ""
         state, _, nodes = out.partition("|")
         return state, nodes
 
@@ -127,11 +131,17 @@ class Run:
         return proc.stderr.strip()
 
 
-def slurm(argv: list[str], env: dict[str, str], check: bool = True) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-    if check and proc.returncode != 0:
-        raise InjectionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
-    return proc.stdout
+def slurm(argv: list[str], env: dict[str, str], check: bool = True, retry_s: float = 0) -> str:
+    """Run a Slurm command; with `retry_s`, a failing one is retried that long (a row of
+    phase 1 may hit the slurmctld restart)."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+        if proc.returncode == 0 or not check:
+            return proc.stdout
+        if time.monotonic() > deadline:
+            raise InjectionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+        time.sleep(1)
 
 
 def wait_for(probe: Callable[[], Any], what: str, timeout: float, interval: float = 0.2) -> Any:
@@ -165,7 +175,7 @@ class FaultCase:
     check: Callable[[Run, CaseResult], list[str]] | None = None  # the row's own checks: problems found
     setup: Callable[[Run], AbstractContextManager[None]] | None = None  # around the whole row (a mount)
     reattach: bool = False  # the injector kills the launcher; `slurmagent watch` finishes the sweep
-    phase: int = 2  # rows of one phase run at the same time; phases one after another
+    phase: int = 2  # rows of one phase inject at the same time; phases one after another
     note: str = ""  # appended to the table's cause column
 
 
@@ -181,8 +191,10 @@ def preempt(run: Run) -> None:
         run.notes["preempted_after_steps"].append(run.steps_run())
         # a high-priority job that needs the whole node preempts (requeues) the low one
         argv = ["sbatch", "-p", "high", "-w", PREEMPT_NODE, "--exclusive", "--time=2", "-o", "/dev/null"]
-        slurm([*argv, "--wrap", "sleep 1"], run.env)
-        wait_for(lambda job=job: run.squeue(job)[0] != "RUNNING", "the preempted job to stop running", 60)
+        slurm([*argv, "--wrap", "sleep 1"], run.env, retry_s=60)
+        wait_for(
+            lambda job=job: run.squeue(job)[0] not in ("RUNNING", "UNKNOWN"), "the preempted job to stop running", 90
+        )
 
 
 def check_preempted(run: Run, res: CaseResult) -> list[str]:
@@ -227,7 +239,9 @@ def fail_node(run: Run) -> None:
         after = run.steps_run()
         if after >= 100:
             raise InjectionError(f"job {job} ran all its steps before its node was stopped")
-        wait_for(lambda: run.squeue(job)[0] != "RUNNING", "Slurm to see the node failure", 120, interval=0.5)
+        wait_for(
+            lambda: run.squeue(job)[0] not in ("RUNNING", "UNKNOWN"), "Slurm to see the node failure", 120, interval=0.5
+        )
         # the killed job's processes are gone: it ran no further steps on the dead node
         run.notes["steps_after_kill"] = run.steps_run() - after
         # Slurm requeued the job; it waits for its node (it is pinned there) until the
@@ -270,7 +284,7 @@ def check_node_failure(run: Run, res: CaseResult) -> list[str]:
 def restart_ctld(run: Run) -> None:
     for task in (0, 1):
         run.running(task, min_steps=3)
-    run.notes["restart"] = run.cluster("restart-ctld", "5")
+    run.notes["restart"] = run.cluster("restart-ctld", "3")
 
 
 # -- launcher killed -------------------------------------------------------------------
@@ -399,7 +413,7 @@ CRASH = "raise ValueError('shape mismatch: (64, 10) vs (64, 12)')"
 CASES: tuple[FaultCase, ...] = (
     FaultCase(
         "slurmctld_restart",
-        "slurmctld restarted mid-sweep (down 5 s)",
+        "slurmctld restarted mid-sweep (down 3 s)",
         SYNTH_SWEEP,
         Expect(runs=1, max_steps_redone=0),
         overrides=(KEEP_OFF,),
@@ -415,6 +429,7 @@ CASES: tuple[FaultCase, ...] = (
         overrides=("resources.partition=low", f"+resources.extra.nodelist={PREEMPT_NODE}"),
         inject=preempt,
         check=check_preempted,
+        phase=1,  # four torch start-ups: the longest row, so it starts first; it copes with the restart
         note="Slurm requeue, resumed from the stop checkpoint",
     ),
     FaultCase(
@@ -631,10 +646,18 @@ def launcher_argv(run: Run) -> list[str]:
     return [sys.executable, "-m", "slurmagent", "-m", *overrides, f"hydra.sweep.dir={run.sweep}", *POLL]
 
 
-def run_case(
-    case: FaultCase, base: Path, env: dict[str, str], references: ReferenceRuns, injected: threading.Event
-) -> CaseResult:
-    """One row: launch its sweep, inject its fault (then set `injected`), wait for the end."""
+@dataclass
+class Turn:
+    """A row's place in the schedule (run_table): it reports `submitted` once its sweep is
+    on the cluster, waits for `may_inject`, reports `injected` when its fault is done."""
+
+    submitted: threading.Event = field(default_factory=threading.Event)
+    may_inject: threading.Event = field(default_factory=threading.Event)
+    injected: threading.Event = field(default_factory=threading.Event)
+
+
+def run_case(case: FaultCase, base: Path, env: dict[str, str], references: ReferenceRuns, turn: Turn) -> CaseResult:
+    """One row: launch its sweep, inject its fault when its turn comes, wait for the end."""
     run = Run(case, base / case.name, env)
     run.dir.mkdir(parents=True, exist_ok=True)
     rc: int | None = None
@@ -643,13 +666,17 @@ def run_case(
         with open(run.dir / "launcher.out", "wb") as out, open(run.dir / "launcher.err", "wb") as err:
             run.launcher = subprocess.Popen(launcher_argv(run), cwd=run.dir, env=env, stdout=out, stderr=err)
             try:
+                with suppress(InjectionError):  # no sweep state: the checks below say so
+                    wait_for(lambda: run.state() or run.launcher.poll() is not None, "the sweep's state", 120)
+                turn.submitted.set()
                 try:
+                    turn.may_inject.wait(CASE_TIMEOUT_S)
                     if case.inject is not None:
                         case.inject(run)
                 except Exception as exc:
                     run.notes["inject_error"] = f"{type(exc).__name__}: {exc}"
                 finally:
-                    injected.set()
+                    turn.injected.set()
                 if case.reattach:
                     watch = subprocess.run(
                         [*WATCH, str(run.sweep), "--interval", "1", "--timeout", str(CASE_TIMEOUT_S)],
@@ -723,22 +750,28 @@ def run_table(
     cases: tuple[FaultCase, ...] | list[FaultCase], base: Path, env: dict[str, str] | None = None
 ) -> list[CaseResult]:
     """Run `cases` on the test cluster (SLURM_CONF in `env`), all at the same time but phase
-    after phase: a phase's rows start once every row of the phase before has done its
-    damage (their sweeps may still be finishing); references for the recoverable rows run
-    alongside. Results in the order of `cases`."""
+    after phase: a phase's rows are launched once every row of the phases before has done
+    its damage (their sweeps may still be finishing), and inject their faults once all of
+    their sweeps are on the cluster (a slurmctld restart then hits no submission). References
+    for the recoverable rows run alongside. Results in the order of `cases`."""
     env = dict(os.environ if env is None else env)
     base.mkdir(parents=True, exist_ok=True)
     references = ReferenceRuns(base, env)
     references.start([c.workload for c in cases if c.expect.recoverable])
+    turns = {c.name: Turn() for c in cases}
     with ThreadPoolExecutor(max_workers=max(1, len(cases))) as pool:
         futures = {}
         for phase in sorted({c.phase for c in cases}):
-            events = []
-            for case in (c for c in cases if c.phase == phase):
-                events.append(threading.Event())
-                futures[case.name] = pool.submit(run_case, case, base, env, references, events[-1])
-            for event in events:
-                event.wait(CASE_TIMEOUT_S)
+            for case in cases:
+                if case.phase == phase:
+                    futures[case.name] = pool.submit(run_case, case, base, env, references, turns[case.name])
+            for name in futures:
+                turns[name].submitted.wait(CASE_TIMEOUT_S)
+            now = [c for c in cases if c.phase == phase]
+            for case in now:
+                turns[case.name].may_inject.set()
+            for case in now:
+                turns[case.name].injected.wait(CASE_TIMEOUT_S)
         results = {name: fut.result() for name, fut in futures.items()}
     for res in results.values():
         case = next(c for c in cases if c.name == res.name)
