@@ -407,8 +407,20 @@ def check_crash(run: Run, res: CaseResult) -> list[str]:
     return unretried_failure(res, "ValueError: shape mismatch")
 
 
+def check_oom_bounded(run: Run, res: CaseResult) -> list[str]:
+    error = res.tasks[0]["error"]
+    shown = ("OUT_OF_MEMORY", "oom-kill", "gave up after 1 attempt(s) (recovery.max_attempts=1)")
+    problems = [f"the task's error does not say {t!r}: {error!r}" for t in shown if t not in error]
+    if "OUT_OF_MEMORY" not in (run.dir / "launcher.err").read_text(errors="replace"):
+        problems.append("the launcher's summary does not say OUT_OF_MEMORY")
+    if res.audit:
+        problems.append(f"resubmitted beyond the bound: {res.audit}")
+    return problems
+
+
 MISSING = "open('/nonexistent/data/train/labels.csv')"
 CRASH = "raise ValueError('shape mismatch: (64, 10) vs (64, 12)')"
+HOG = "import time; x = bytearray(700 * 2**20); time.sleep(5)"
 
 CASES: tuple[FaultCase, ...] = (
     FaultCase(
@@ -493,6 +505,15 @@ CASES: tuple[FaultCase, ...] = (
         Expect(state="FAILED", runs=1, cause="crash", recoverable=False),
         overrides=(KEEP_OFF, "recovery.max_attempts=3"),
         check=check_crash,
+    ),
+    FaultCase(
+        "host_oom_bounded",
+        "host OOM, no attempt left (recovery.max_attempts=1)",
+        ("task.target=null", f"task.command=[python3,-c,'{HOG}']"),
+        Expect(state="OUT_OF_MEMORY", runs=1, cause="host_oom", recoverable=False),
+        overrides=(KEEP_OFF, "resources.mem=200M", "recovery.max_attempts=1"),
+        check=check_oom_bounded,
+        note="gave up after 1 attempt",
     ),
 )
 
