@@ -11,10 +11,13 @@ selected with -k runs only its own row.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_cases import CASES, CaseResult, FaultCase, run_table, table
+from fault_cases import CASES, CLUSTER_SCRIPT, CaseResult, FaultCase, run_table, table
 
 pytestmark = pytest.mark.slurm
 
@@ -22,7 +25,7 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def results(
     slurm_conf: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> dict[str, CaseResult]:
+) -> Iterator[dict[str, CaseResult]]:
     selected = {
         item.callspec.params["case"].name
         for item in request.session.items
@@ -31,7 +34,9 @@ def results(
     cases = [c for c in CASES if c.name in selected]
     out = run_table(cases, Path(tmp_path_factory.mktemp("faults")))
     print("\n" + table(out))  # shown with -s, and in the captured output of a failure
-    return {r.name: r for r in out}
+    yield {r.name: r for r in out}
+    # leave the cluster as found for the modules after this one: every node back and idle
+    subprocess.run([sys.executable, str(CLUSTER_SCRIPT), "up"], capture_output=True, timeout=300, check=True)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
