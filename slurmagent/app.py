@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmagent.config import JobSpec, RecoveryConf, job_spec, slurm_time_to_seconds
 from slurmagent.errors import ConfigError, SlurmAgentError, TaskFailedError
-from slurmagent.gate import Action, AuditLog, Gate
+from slurmagent.runtime.actions import request_requeue
 from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.loop import StopForRequeue, own_job_signals, release_job_signals, signal_number
@@ -156,18 +156,6 @@ def count_time_limit_requeue(ctx: JobContext) -> int:
     return count
 
 
-def job_gate(ctx: JobContext) -> Gate:
-    """The action gate as the job itself uses it: the same audit log as the sweep's."""
-    audit = AuditLog((ctx.sweep_dir or ctx.output_dir) / "audit.jsonl")
-    from slurmagent.slurm.seam import SlurmCLI
-
-    def requeue(action: Action) -> dict[str, Any]:
-        SlurmCLI().requeue(action.target)
-        return {"requeued": action.target}
-
-    return Gate(audit, {"requeue": requeue}, job=ctx.slurm_requeue_id or "")
-
-
 def handle_stop(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf | None = None) -> None:
     """After a signal stop: requeue this job (through the action gate) unless Slurm is
     already ending it; at the time limit only `recovery.max_time_limit_requeues` times,
@@ -205,7 +193,7 @@ def handle_stop(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf | 
         reason_text = f"time limit near ({left} left): requeue {count} of {recovery.max_time_limit_requeues}"
     else:
         reason_text = f"signal {stop.signum} with {left or 'unknown'} left: requeue to resume from step {stop.step}"
-    outcome = job_gate(ctx).request(Action("requeue", ctx.slurm_requeue_id, reason_text, metrics_before=metrics))
+    outcome = request_requeue(ctx, reason_text, metrics, cause="time_limit" if why == "time_limit" else "signal")
     if outcome.executed:
         log.warning("stopped at step %d: %s", stop.step, reason_text)
     else:

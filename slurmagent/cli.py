@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from slurmagent.errors import SlurmAgentError
+from slurmagent.safety import cli as safety_cli
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -253,6 +254,14 @@ def _result_logs(folder: Path, job_id: str) -> dict[str, str]:
     return out
 
 
+def cmd_skill(args: argparse.Namespace) -> int:
+    """`slurmagent skill --list` / `slurmagent skill NAME [args] [--json]`: Nagios exit codes
+    (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN; an unknown skill or bad argument is UNKNOWN)."""
+    from slurmagent.skills.cli import skill_main
+
+    return skill_main(args.list, args.json, args.name, args.args)
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     from slurmagent import __version__
 
@@ -287,6 +296,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     dr.add_argument("target", help="a Slurm job id (123 or 123_4) or a sweep directory")
     dr.add_argument("--json", action="store_true")
     sub.add_parser("version", help="print the version")
+    sk = sub.add_parser("skill", help="run a skill (health, validation, resume…): NAME [args] --json, or --list")
+    sk.add_argument("--list", action="store_true", help="list the registered skills")
+    sk.add_argument("--json", action="store_true", help="print the result as JSON")
+    sk.add_argument("name", nargs="?", help="the skill to run")
+    sk.add_argument("args", nargs=argparse.REMAINDER, help="the skill's own arguments (see NAME --help)")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
         "status": cmd_status,
         "watch": cmd_watch,
@@ -294,11 +308,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "render": cmd_render,
         "version": cmd_version,
         "doctor": cmd_doctor,
+        "skill": cmd_skill,
     }
+    handlers.update(safety_cli.add_parsers(sub))  # audit, approvals, approve, reject, pause, resume, replay
     return p, handlers
 
 
-SUBCOMMANDS = ("status", "watch", "cancel", "render", "version", "doctor")
+SUBCOMMANDS = ("status", "watch", "cancel", "render", "version", "doctor", "skill", *safety_cli.COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,6 +44,22 @@ class TaskFailedError(SlurmAgentError, RuntimeError):
     """A task ended without a result; the message names its final state and reason."""
 
 
+class PolicyError(ConfigError):
+    """A safety policy (conf/policy/*.yaml) is invalid or cannot be found."""
+
+
+class AuditError(SlurmAgentError, RuntimeError):
+    """An audit log is missing, unreadable or cannot be written."""
+
+
+class ApprovalError(SlurmAgentError, ValueError):
+    """An approval cannot be given: unknown id, own action, second vote, expired or decided."""
+
+
 def choices(values: Iterable[object]) -> str:
     """Format a set of valid values for an error message: `a, b, c`."""
     return ", ".join(sorted(str(v) for v in values)) or "(none)"
+
+
+class SkillError(SlurmAgentError, ValueError):
+    """A skill name or a skill's input is invalid (unknown skill, bad argument)."""

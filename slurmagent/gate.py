@@ -1,7 +1,15 @@
-"""The one gate for automated actions: every requeue, resubmission, node exclusion or
-cancellation slurmagent decides on its own passes through `Gate.request`, which asks the
-policy, records the decision (with reason and evidence) in the audit log, runs the action
-if allowed, and records the outcome with the metrics after.
+"""The one gate for automated actions: every requeue, resubmission, node exclusion,
+cancellation, drain or checkpoint deletion slurmagent decides on its own passes through
+`Gate.request`, which
+
+1. checks the kill switch (safety/switch.py): paused → the action is recorded as held and
+   not run; the caller retries it after `slurmagent resume`;
+2. asks the policy (safety/policy.py, Hydra config in conf/policy/): allow, deny, or
+   needs_approval — then a pending approval is filed (safety/approvals.py) and the action
+   runs once enough distinct users approved it (`Gate.run_approved`);
+3. records the decision (with its rule, reason and evidence) in the sweep's audit log and
+   the user's own, runs the action if allowed, and records the outcome with the metrics
+   after.
 
 Actions are typed records; executors are plain callables registered per action kind, so
 only the kinds the gate knows can run at all.
@@ -9,48 +17,41 @@ only the kinds the gate knows can run at all.
 
 from __future__ import annotations
 
-import getpass
-import hashlib
-import json
-import os
-import socket
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from slurmagent.errors import SlurmAgentError
+from slurmagent.safety.approvals import ApprovalStore
+from slurmagent.safety.audit import GENESIS, AuditLog, record_hash
+from slurmagent.safety.executors import Executor
+from slurmagent.safety.paths import approvals_dir, current_user, user_audit_path
+from slurmagent.safety.policy import Policy, RulePolicy, resolve_policy
+from slurmagent.safety.records import ACTION_KINDS, Action, Decision
+from slurmagent.safety.switch import describe, paused
 
-from slurmagent.errors import SlurmAgentError, choices
-from slurmagent.recovery.diagnose import Evidence
+__all__ = [
+    "ACTION_KINDS",
+    "GENESIS",
+    "Action",
+    "AuditLog",
+    "Decision",
+    "DefaultPolicy",
+    "Executor",
+    "Gate",
+    "Outcome",
+    "record_hash",
+]
 
-ACTION_KINDS = ("requeue", "resubmit", "exclude_node", "cancel", "drain_node", "delete_checkpoint")
-GENESIS = "0" * 64
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str  # one of ACTION_KINDS
-    target: str  # job id, array task id, node or path
-    reason: str  # one sentence: why
-    params: dict[str, Any] = field(default_factory=dict)  # e.g. the new resources of a resubmission
-    evidence: list[Evidence] = field(default_factory=list)  # log lines with source and line number
-    metrics_before: dict[str, Any] = field(default_factory=dict)  # state the decision was taken on
-
-    def __post_init__(self) -> None:
-        if self.kind not in ACTION_KINDS:
-            raise SlurmAgentError(f"unknown action kind {self.kind!r}; the gate knows {choices(ACTION_KINDS)}")
-
-
-@dataclass(frozen=True)
-class Decision:
-    verdict: str  # "allow", "deny" or "needs_approval"
-    rule: str  # which rule of the policy decided
+log = logging.getLogger(__name__)
+SHARED_AUDIT_MODE = 0o666
 
 
 class DefaultPolicy:
-    """Recovery within bounds is allowed; anything destructive is not automated here."""
+    """The built-in fallback (kept for callers that pass it): recovery within bounds is
+    allowed; anything destructive is not automated. `Gate` uses conf/policy/ otherwise."""
 
     allowed = frozenset({"requeue", "resubmit", "exclude_node"})
 
@@ -60,85 +61,116 @@ class DefaultPolicy:
         return Decision("deny", f"default: {action.kind} is not an automated action")
 
 
-def record_hash(record: Mapping[str, Any]) -> str:
-    body = {k: v for k, v in record.items() if k != "hash"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
-
-
-class AuditLog:
-    """Append-only JSON Lines, one record per decision and per outcome, each carrying the
-    hash of the previous record, written under a filelock lock."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.lock = FileLock(str(self.path) + ".lock", timeout=60)
-
-    def _last_hash(self) -> str:
-        if not self.path.exists():
-            return GENESIS
-        last = ""
-        with open(self.path, "rb") as fh:
-            for line in fh:
-                if line.strip():
-                    last = line.decode()
-        return str(json.loads(last)["hash"]) if last else GENESIS
-
-    def append(self, record: dict[str, Any]) -> dict[str, Any]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock:
-            full = {
-                "time": time.time(),
-                "user": getpass.getuser(),
-                "host": socket.gethostname(),
-                **record,
-                "prev": self._last_hash(),
-            }
-            full["hash"] = record_hash(full)
-            with open(self.path, "a") as fh:
-                fh.write(json.dumps(full, default=str) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        return full
-
-    def records(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-
-
-Executor = Callable[[Action], dict[str, Any]]
-
-
 @dataclass(frozen=True)
 class Outcome:
     decision: Decision
     executed: bool
     result: dict[str, Any]  # what the executor returned (new job id, …) or the error
+    approval_id: str | None = None  # set when the action waits for approval
+    held: bool = False  # the kill switch held it: retry after resume
 
 
 class Gate:
+    """`Gate(audit, executors)`: the sweep is the audit log's directory (pass `sweep_dir`
+    to say otherwise, e.g. from a job); the policy is the sweep's (see resolve_policy)."""
+
     def __init__(
-        self, audit: AuditLog, executors: Mapping[str, Executor], policy: DefaultPolicy | None = None, job: str = ""
+        self,
+        audit: AuditLog,
+        executors: Mapping[str, Executor],
+        policy: Policy | None = None,
+        job: str = "",
+        *,
+        sweep_dir: Path | None = None,
+        user_audit: AuditLog | None = None,
     ) -> None:
         self.audit = audit
         self.executors = dict(executors)
-        self.policy = policy or DefaultPolicy()
+        self.sweep_dir = (Path(sweep_dir) if sweep_dir is not None else audit.path.parent).absolute()
+        self.policy: Policy = policy or resolve_policy(self.sweep_dir)
         self.job = job
+        self.shared = bool(getattr(self.policy, "shared", False))
+        if self.shared and audit.mode is None:
+            self.audit = AuditLog(audit.path, mode=SHARED_AUDIT_MODE)  # approvers append their outcomes
+        self.user_audit = user_audit if user_audit is not None else AuditLog(user_audit_path())
+        self.approvals = ApprovalStore(approvals_dir(self.sweep_dir), shared=self.shared)
 
-    def request(self, action: Action) -> Outcome:
-        decision = self.policy.decide(action)
-        base = {
+    # -- recording -----------------------------------------------------------------------
+    def _base(self, action: Action) -> dict[str, Any]:
+        return {
+            "sweep": str(self.sweep_dir),
             "job": self.job or action.target,
             "action": action.kind,
             "target": action.target,
             "params": action.params,
+            "context": action.context,
             "reason": action.reason,
             "evidence": [asdict(e) for e in action.evidence],
             "metrics_before": action.metrics_before,
         }
-        self.audit.append({"type": "decision", **base, "decision": decision.verdict, "rule": decision.rule})
+
+    def _record(self, record: dict[str, Any]) -> None:
+        self.audit.append(record)  # the sweep's log must take it: an unrecorded action does not run
+        if self.user_audit.path != self.audit.path:
+            try:
+                self.user_audit.append(record)
+            except (OSError, SlurmAgentError) as exc:
+                log.warning("could not write the per-user audit log %s: %s", self.user_audit.path, exc)
+
+    def _hold(self, action: Action, switch: Path, extra: dict[str, Any]) -> Outcome:
+        decision = Decision("held", f"kill-switch: {describe(switch)}")
+        self._record({"type": "decision", **self._base(action), **extra, "decision": "held", "rule": decision.rule})
+        return Outcome(decision, False, {"held": str(switch)}, held=True)
+
+    # -- the gate ------------------------------------------------------------------------
+    def request(self, action: Action) -> Outcome:
+        switch = paused(self.sweep_dir)
+        if switch is not None:
+            return self._hold(action, switch, {})
+        decision = self.policy.decide(action)
+        base = self._base(action)
+        verdict = {"decision": decision.verdict, "rule": decision.rule}
+        if decision.verdict == "needs_approval":
+            ttl = float(getattr(self.policy, "approval_ttl_s", RulePolicy.approval_ttl_s))
+            req = self.approvals.create(action, decision, ttl, self.job, self.sweep_dir, self.audit.path.absolute())
+            self._record(
+                {
+                    "type": "decision",
+                    **base,
+                    **verdict,
+                    "approvals_needed": decision.approvals,
+                    "approval_id": req.id,
+                    "expires_at": req.expires_at,
+                }
+            )
+            return Outcome(decision, False, {"approval_id": req.id}, approval_id=req.id)
+        self._record({"type": "decision", **base, **verdict})
         if decision.verdict != "allow":
             return Outcome(decision, False, {})
+        return self._execute(action, decision, base, {})
+
+    def run_approved(self, approval_id: str) -> Outcome:
+        """Run an action whose approvals are complete — once, by whichever process claims it."""
+        st = self.approvals.status(approval_id)
+        action = Action.from_json(st.request.action)
+        decision = Decision(st.state, st.request.rule, st.request.approvals)
+        if st.state != "approved" or action.kind not in self.executors:
+            return Outcome(decision, False, {"state": st.state}, approval_id=approval_id)
+        if not self.audit.writable():  # an action whose outcome cannot be recorded does not run
+            why = f"{current_user()} cannot write {self.audit.path}"
+            return Outcome(decision, False, {"state": st.state, "waiting": why}, approval_id=approval_id)
+        extra = {"approval_id": approval_id, "approvers": st.approvers, "requester": st.request.requester}
+        switch = paused(self.sweep_dir)
+        if switch is not None:
+            return self._hold(action, switch, extra)
+        if not self.approvals.claim(approval_id):
+            return Outcome(decision, False, {"state": "claimed by another process"}, approval_id=approval_id)
+        allowed = Decision("allow", f"{st.request.rule} (approved by {', '.join(st.approvers)})", st.request.approvals)
+        out = self._execute(action, allowed, self._base(action), extra)
+        self.approvals.finish(approval_id, out.executed, out.result)
+        return Outcome(out.decision, out.executed, out.result, approval_id=approval_id)
+
+    def _execute(self, action: Action, decision: Decision, base: dict[str, Any], extra: dict[str, Any]) -> Outcome:
         executor = self.executors.get(action.kind)
         if executor is None:
             result: dict[str, Any] = {"error": f"no executor for {action.kind} here"}
@@ -148,10 +180,11 @@ class Gate:
                 result, ok = executor(action), True
             except SlurmAgentError as exc:
                 result, ok = {"error": str(exc)}, False
-        self.audit.append(
+        self._record(
             {
                 "type": "outcome",
                 **base,
+                **extra,
                 "decision": decision.verdict,
                 "rule": decision.rule,
                 "ok": ok,

@@ -62,6 +62,9 @@ def compose(overrides: list[str]) -> Any:
 
 
 def render(overrides: list[str], out_dir: Path, mode: str | None = None, python: str | None = None) -> Rendered:
+    for override in overrides:
+        if "\x00" in override:  # a shell script cannot carry it: bash would cut the argument there
+            raise ConfigError(f"override {override.split('=', 1)[0]!r} contains a NUL byte, which no script can carry")
     cfg = compose(overrides)
     from slurmagent.app import spec_dict
 
@@ -74,7 +77,7 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
     output = str(run_dir / "slurm-%j.out")
-    output_line = f'"{output}"' if _DIRECTIVE_SAFE.match(output) else None
+    output_line = f'"{output}"' if _DIRECTIVE_SAFE.fullmatch(output) else None  # fullmatch: no final newline
 
     # the resolved config, with hydra.run.dir set here (YAML-quoted, never on a command line)
     body = OmegaConf.to_container(cfg, resolve=True)

@@ -67,3 +67,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     if IN_CI and report.skipped and item.get_closest_marker("slurm") is not None:
         report.outcome = "failed"
         report.longrepr = f"slurm test skipped under CI=true, which is not allowed: {report.longrepr}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """All `slurm` tests share one cluster (some preempt or stop its nodes): under xdist
+    they form one group, so they run one after another on one worker."""
+    del config
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("cluster"))

@@ -85,6 +85,15 @@ class ArrayLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
 
         specs = self._specs(job_overrides)
+        # config_validator skill: keys/ranges, experience rules, GPU memory; errors → nothing submitted
+        from slurmagent.skills.config_validator import validate_sweep
+
+        for warning in validate_sweep(
+            lambda ov: self.hydra_context.config_loader.load_sweep_config(self.config, ov),  # type: ignore[union-attr,arg-type]
+            job_overrides,
+            memory=any(s.resources.gpus > 0 for s in specs),
+        ):
+            console.print(f"[slurmagent] warning: {warning}", markup=False, highlight=False)
         choices = {s.cluster for s in specs}
         if len(choices) > 1:
             raise ConfigError(

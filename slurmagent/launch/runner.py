@@ -23,6 +23,7 @@ class TaskPayload:
     index: int  # Hydra job num of this task
     overrides: tuple[str, ...]  # its sweep overrides
     attempt: int = 1  # attempt this submission starts as
+    resources: dict[str, Any] | None = None  # a resubmission's adjusted resources, so the job's config says what it got
 
 
 def write_context(path: Path, hydra_context: Any, task_function: Any, config: Any, singleton_state: Any) -> None:
@@ -63,6 +64,10 @@ class SweepRunner:
         with open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.id = job_id
             sweep_config.hydra.job.num = payload.index
+        if payload.resources:
+            with open_dict(sweep_config):
+                for key, value in payload.resources.items():
+                    sweep_config.resources[key] = value
         os.environ.update(
             {
                 f"{ENV_PREFIX}BACKEND": self.backend,

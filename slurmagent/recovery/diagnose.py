@@ -61,6 +61,13 @@ RULES: tuple[Rule, ...] = (
         "halve the micro-batch with gradient accumulation, or move to a GPU type with more memory",
     ),
     _r(
+        "gpu_oom",
+        r"CUDA out of memory at micro-batch (\d+) after (\d+) halving",
+        True,
+        "The GPU ran out of memory even at micro-batch {g1}, after {g2} halving(s) in process.",
+        "move to a GPU type with more memory, or a smaller model",
+    ),
+    _r(
         "host_oom",
         r"Detected (\d+) oom-kill event\(s\)|oom_kill event|oom-kill event",
         True,
@@ -88,6 +95,14 @@ RULES: tuple[Rule, ...] = (
         True,
         "The job reached its time limit {g1} times (the bound on time-limit requeues).",
         "resubmit with a longer time limit (resources.time) within the partition's limit",
+    ),
+    _r(
+        "early_stop_signal",
+        r"srun: error: \S+: task \d+: User defined signal [12]",
+        True,
+        "The job was killed by Slurm's stop signal before its runtime took the signal over (a time-limit warning or "
+        "a preemption that came while the job was starting).",
+        "resubmit; if the time limit is short, give the job more time (resources.time)",
     ),
     _r(
         "time_limit",

@@ -119,7 +119,7 @@ def plan(
     if diagnosis.cause == "gpu_oom":
         # the runtime's MicroBatcher halves the micro-batch in process first; reaching here
         # means that was not used or not enough: move to a GPU type with more memory
-        bigger = bigger_gpu(res.gpu_type, cluster)
+        bigger = bigger_gpu(res.gpu_type, cluster, part)
         if bigger is None:
             return Stop(
                 f"{diagnosis.summary} Not retried: no GPU type with more memory than {res.gpu_type or 'the current'}"
@@ -182,14 +182,15 @@ def plan(
     return Resubmit(res, f"{diagnosis.cause}: resubmit unchanged (attempt {attempts_so_far + 1} of {bound})", {})
 
 
-def bigger_gpu(current: str | None, cluster: ClusterInfo | None) -> tuple[str, str] | None:
+def bigger_gpu(current: str | None, cluster: ClusterInfo | None, partition: str | None) -> tuple[str, str] | None:
     """The smallest GPU type on the cluster with more memory than `current`, and a partition
-    with nodes of that type (the default partition first); None when there is none."""
+    with nodes of that type (the job's own partition first, then the default); None when
+    there is none."""
     if cluster is None or current is None or current not in GPU_MEMORY_GIB:
         return None
     have = GPU_MEMORY_GIB[current]
     found: dict[str, str] = {}
-    ordered = sorted(cluster.partitions.values(), key=lambda p: not p.default)
+    ordered = sorted(cluster.partitions.values(), key=lambda p: (p.name != partition, not p.default))
     for p in ordered:
         for n in p.nodes:
             node = cluster.nodes.get(n)

@@ -21,6 +21,7 @@ from typing import IO, Any, Protocol
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
 from slurmagent.runtime.context import JobContext
+from slurmagent.runtime.health import HealthMonitor, HealthStop, monitor_for, requeue_elsewhere
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,10 @@ class StopForRequeue(SystemExit):
         self.step = step  # steps done (the checkpoint's step)
         self.signals = signals or (signum,)  # every signal received, in order
         super().__init__(0)
+
+
+class HealthStopForRequeue(StopForRequeue, HealthStop):
+    """The runtime health check found the node CRITICAL: checkpointed, stop and requeue."""
 
 
 @dataclass
@@ -145,6 +150,7 @@ class StepLoop:
         install_signal_handlers: bool = True,
         is_writer: bool | None = None,
         grace: GraceFn | None = None,
+        health: HealthMonitor | None = None,
     ) -> None:
         self.ctx = ctx
         self.state = state
@@ -166,6 +172,8 @@ class StepLoop:
         self.last_save_seconds: float | None = None  # how long the last checkpoint write blocked the loop
         self.last_saved_step: int | None = None
         self.stop_note = ""  # what the stop did about its checkpoint, for logs and tests
+        # -- runtime health (slurmagent/runtime/health.py): None unless configured --
+        self.health = health if health is not None else monitor_for(ctx)
 
     def restore(self) -> int:
         found = self.manager.latest()
@@ -237,6 +245,12 @@ class StepLoop:
                 self.step = step
                 yield step
                 done = step + 1
+                # -- runtime health: on CRITICAL checkpoint and stop for requeue (health_stop.json) --
+                if self.health is not None and self.health.check(done):
+                    self.save(done)
+                    requeue_elsewhere(self.ctx)  # Slurm: requeue with this node excluded
+                    raise HealthStopForRequeue(0, done, tuple(self.flag.history))
+                # -- end runtime health --
                 if agree_stop(self.flag.set):
                     resume_at = self._stop_save(done)
                     log.warning("signal %s: %s; stopping for requeue", self.flag.signum, self.stop_note)

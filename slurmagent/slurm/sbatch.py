@@ -90,7 +90,7 @@ _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*()]+$")
 
 
 def _check_value(key: str, value: str) -> str:
-    if not _SAFE_VALUE.match(value):
+    if not _SAFE_VALUE.fullmatch(value):  # not match(): `$` also matches before a final newline
         raise ConfigError(
             f"resources.{key}={value!r} contains characters sbatch cannot take in a directive "
             "(whitespace, quotes, $, `, ;, newlines…); use letters, digits and _ . / : @ % + = , - [ ] & | ! * ( )"

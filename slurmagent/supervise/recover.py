@@ -6,16 +6,22 @@ the action gate, which records it in the sweep's audit log.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from slurmagent.config import JobSpec, LauncherConf, job_spec, parse_conf
+from slurmagent.config import JobSpec, LauncherConf, ResourcesConf, job_spec, parse_conf
 from slurmagent.errors import SlurmAgentError
-from slurmagent.gate import Action, AuditLog, Gate
-from slurmagent.recovery.diagnose import Diagnosis, diagnose
+from slurmagent.gate import Action, AuditLog, Decision, Gate
+from slurmagent.recovery.diagnose import Diagnosis, Evidence, diagnose
 from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan, split_hostlist
+from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.safety.executors import standalone_executors
+from slurmagent.safety.paths import SWEEP_AUDIT, SWEEP_HISTORY
+from slurmagent.safety.policy import resolve_policy
+from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
@@ -58,12 +64,19 @@ def collect_logs(state: SweepState, task: TaskRecord) -> dict[str, str]:
     return logs
 
 
+HELD_FILE = ".slurmagent/held.json"  # tasks whose recovery waits for resume or approval
+HISTORY_LOG_LINES = 20  # log lines kept per source in history.jsonl
+
+
 class Recoverer:
     def __init__(self, sweep_dir: Path, slurm: SlurmCLI) -> None:
         self.sweep_dir = sweep_dir
         self.slurm = slurm
-        self.audit = AuditLog(sweep_dir / "audit.jsonl")
+        self.audit = AuditLog(sweep_dir / SWEEP_AUDIT)
+        self.history = sweep_dir / SWEEP_HISTORY
+        self.held_path = sweep_dir / HELD_FILE
         self._cluster: ClusterInfo | None = None
+        resolve_policy(sweep_dir)  # a broken policy is reported now, not at the first failure
 
     def cluster(self, state: SweepState) -> ClusterInfo | None:
         if state.backend != "slurm":
@@ -79,11 +92,17 @@ class Recoverer:
         attempt = task.attempts[-1]
         if task.state in NODE_FAILURE_STATES and state.backend == "slurm" and self._requeued_by_slurm(task):
             return  # not a new attempt: the next poll sees the requeue and excludes the node
-        diag = diagnose(task.state, collect_logs(state, task))
+        logs = collect_logs(state, task)
+        diag = diagnose(task.state, logs)
         task.diagnosis = diag.to_json()
         if diag.cause in NODE_SUSPECT_CAUSES:
             for node in filter(None, attempt.nodes.split(",")):
                 state.suspect_nodes[node] = state.suspect_nodes.get(node, 0) + 1
+        self._plan_and_request(state, task, diag, logs)
+
+    def _plan_and_request(self, state: SweepState, task: TaskRecord, diag: Diagnosis, logs: dict[str, str]) -> None:
+        assert task.job_id is not None
+        attempt = task.attempts[-1]
         spec = job_spec(task.spec, require_task=False)
         step = plan(
             spec,
@@ -93,27 +112,141 @@ class Recoverer:
             self.cluster(state),
             {k: v - 1 for k, v in state.suspect_nodes.items()},
         )
+        seen = {"slurm_state": task.state, "attempt": len(task.attempts), "nodes": attempt.nodes}
         if not isinstance(step, Resubmit):
             task.error = f"{task.state}: {step.reason}\n{task.error}"
+            self._record_history(task, seen, diag, logs, None, None, step.reason)
             return
         gate = Gate(
             self.audit, {"resubmit": lambda action: self._resubmit(state, task, spec, step, diag)}, job=task.job_id
         )
-        gate.request(
-            Action(
-                "resubmit",
-                task.job_id,
-                step.reason,
-                params={k: list(v) for k, v in step.changes.items()},
-                evidence=diag.evidence,
-                metrics_before={
-                    "state": task.state,
-                    "attempt": len(task.attempts),
-                    "nodes": attempt.nodes,
-                    "cause": diag.cause,
-                },
-            )
+        action = Action(
+            "resubmit",
+            task.job_id,
+            step.reason,
+            params={k: list(v) for k, v in step.changes.items()},
+            evidence=diag.evidence,
+            metrics_before={
+                "state": task.state,
+                "attempt": len(task.attempts),
+                "nodes": attempt.nodes,
+                "cause": diag.cause,
+            },
+            context={
+                "attempt": len(task.attempts),
+                "run_time_s": max(0.0, time.time() - attempt.submitted_at),  # an upper bound: includes queue time
+                "qos": spec.resources.qos,
+                "cause": diag.cause,
+                "source": "recovery",
+            },
         )
+        job_id = task.job_id
+        out = gate.request(action)
+        self._record_history(task, seen, diag, logs, action, out.decision, step.reason)
+        if out.held or out.approval_id:
+            why = "the kill switch" if out.held else f"approval {out.approval_id} ({out.decision.rule})"
+            task.error = f"{task.state}: recovery waits for {why}: {step.reason}\n{task.error}"
+            self._set_held(task.index, {"job_id": job_id, "approval_id": out.approval_id, "since": time.time()})
+
+    # -- held actions: the kill switch and approvals -------------------------------------
+    def held(self) -> dict[str, dict[str, Any]]:
+        try:
+            raw = json.loads(self.held_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return raw if isinstance(raw, dict) else {}
+
+    def _write_held(self, held: dict[str, dict[str, Any]]) -> None:
+        self.held_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.held_path, json.dumps(held, indent=1).encode())
+
+    def _set_held(self, index: int, entry: dict[str, Any]) -> None:
+        held = self.held()
+        held[str(index)] = entry
+        self._write_held(held)
+
+    def retry_held(self, state: SweepState) -> bool:
+        """Called (under the sweep lock) every poll: a held recovery is requested again once
+        the switch is off; an approved one runs; a rejected or expired one ends the task."""
+        held = self.held()
+        if not held:
+            return False
+        changed = False
+        by_index = {str(t.index): t for t in state.tasks}
+        for key, entry in list(held.items()):
+            task = by_index.get(key)
+            if task is None or task.job_id != entry.get("job_id") or not task.done:
+                held.pop(key)  # moved on (resubmitted, cancelled by a person…)
+                continue
+            approval = entry.get("approval_id")
+            if approval is None:
+                if paused(self.sweep_dir) is not None:
+                    continue
+                held.pop(key)
+                self._write_held(held)  # _plan_and_request may hold it again
+                diag = diagnosis_from_json(task.diagnosis or {})
+                self._plan_and_request(state, task, diag, collect_logs(state, task))
+                held = self.held()
+                changed = True
+                continue
+            changed |= self._retry_approved(state, task, str(approval), held, key)
+        self._write_held(held)
+        return changed
+
+    def _retry_approved(
+        self, state: SweepState, task: TaskRecord, approval: str, held: dict[str, dict[str, Any]], key: str
+    ) -> bool:
+        spec = job_spec(task.spec, require_task=False)
+        gate = Gate(self.audit, {}, job=task.job_id or "")
+        st = gate.approvals.status(approval)
+        if st.state == "pending":
+            return False
+        if st.state == "approved":
+            request = Action.from_json(st.request.action)
+            diag = diagnosis_from_json(task.diagnosis or {})
+            step = Resubmit(
+                _apply_changes(spec, request.params), request.reason, {k: tuple(v) for k, v in request.params.items()}
+            )
+            gate.executors["resubmit"] = lambda action: self._resubmit(state, task, spec, step, diag)
+            out = gate.run_approved(approval)
+            if out.held:
+                return False
+            if not out.executed:
+                why = out.result.get("error") or out.result.get("waiting") or out.result.get("state")
+                task.error = f"{task.state}: approved recovery did not run ({why})\n{task.error}"
+        else:
+            task.error = f"{task.state}: recovery {st.state} (approval {approval})\n{task.error}"
+        held.pop(key, None)
+        return True
+
+    def has_held(self) -> bool:
+        return bool(self.held())
+
+    # -- history for replay --------------------------------------------------------------
+    def _record_history(
+        self,
+        task: TaskRecord,
+        seen: dict[str, Any],
+        diag: Diagnosis,
+        logs: dict[str, str],
+        action: Action | None,
+        decision: Decision | None,
+        plan_reason: str,
+    ) -> None:
+        entry = {
+            "time": time.time(),
+            "index": task.index,
+            "job_id": task.job_id,
+            **seen,
+            "diagnosis": diag.to_json(),
+            "logs": {src: "\n".join(text.splitlines()[-HISTORY_LOG_LINES:]) for src, text in logs.items()},
+            "plan": "resubmit" if action is not None else "stop",
+            "plan_reason": plan_reason,
+            "action": action.to_json() if action is not None else None,
+            "decision": dataclasses.asdict(decision) if decision is not None else None,
+        }
+        with open(self.history, "a") as fh:
+            fh.write(json.dumps(entry, default=str) + "\n")
 
     def _resubmit(
         self, state: SweepState, task: TaskRecord, spec: JobSpec, step: Resubmit, diag: Diagnosis
@@ -125,11 +258,18 @@ class Recoverer:
         conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
         executor = make_executor(state.backend, Path(state.submitit_folder), new_spec, conf, 1, state.job_name)
         runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
-        job = executor.submit(runner, TaskPayload(task.index, tuple(task.overrides), attempt=len(task.attempts) + 1))
+        payload = TaskPayload(
+            task.index,
+            tuple(task.overrides),
+            attempt=len(task.attempts) + 1,
+            resources=dataclasses.asdict(step.resources),
+        )
+        job = executor.submit(runner, payload)
         job_id = str(job.job_id)
         task.attempts.append(Attempt(job_id, time.time()))
         task.spec = dataclasses.asdict(new_spec)
         task.state, task.error = "PENDING", ""
+        state.finished_at = None
         if state.backend == "slurm":
             state.array_ids.append(job_id.split("_")[0])
         log.warning("task %d: %s → resubmitted as %s (%s)", task.index, diag.cause, job_id, step.reason)
@@ -172,30 +312,29 @@ class Recoverer:
             return
         spec = job_spec(task.spec, require_task=False)
         resources, changes = exclude_nodes(spec.resources, failed)
-        job_id = task.job_id
+        params: dict[str, Any] = {"exclude": resources.exclude}
+        if any(k.startswith("extra.") for k in changes):  # it was pinned there: unpin (ReqNodeList)
+            params["nodelist"] = resources.extra.get("nodelist", "")
+        update = standalone_executors(self.sweep_dir, self.slurm)["exclude_node"]
 
         def exclude(action: Action) -> dict[str, Any]:
-            del action
-            argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={resources.exclude}"]
-            if any(k.startswith("extra.") for k in changes):
-                argv.append(f"ReqNodeList={resources.extra.get('nodelist', '')}")
-            self.slurm.run(argv)
+            out = update(action)
             task.spec = dataclasses.asdict(dataclasses.replace(spec, resources=resources))
             log.warning(
                 "task %d: node %s failed; its requeued job %s now excludes %s",
                 task.index,
                 failed,
-                job_id,
+                task.job_id,
                 resources.exclude,
             )
-            return {"job_id": job_id, "exclude": resources.exclude}
+            return out
 
-        Gate(self.audit, {"exclude_node": exclude}, job=job_id).request(
+        Gate(self.audit, {"exclude_node": exclude}, job=task.job_id).request(
             Action(
                 "exclude_node",
-                job_id,
+                task.job_id,
                 f"node_failure on {failed}: Slurm requeued the job; exclude {resources.exclude} from it",
-                params={k: list(v) for k, v in changes.items()},
+                params=params,
                 evidence=diag.evidence,
                 metrics_before={
                     "state": job_state,
@@ -203,5 +342,22 @@ class Recoverer:
                     "nodes": failed,
                     "cause": diag.cause,
                 },
+                context={"attempt": len(task.attempts), "cause": diag.cause, "source": "recovery"},
             )
         )
+
+
+def diagnosis_from_json(raw: dict[str, Any]) -> Diagnosis:
+    return Diagnosis(
+        cause=str(raw.get("cause", "unknown")),
+        summary=str(raw.get("summary", "")),
+        retryable=bool(raw.get("retryable", False)),
+        suggestion=str(raw.get("suggestion", "")),
+        evidence=[Evidence(**e) for e in raw.get("evidence") or []],
+        fix_command=raw.get("fix_command"),
+    )
+
+
+def _apply_changes(spec: JobSpec, params: dict[str, Any]) -> ResourcesConf:
+    """The resources an approved resubmission asked for: key → [old, new]."""
+    return dataclasses.replace(spec.resources, **{k: v[1] for k, v in params.items()})

@@ -113,11 +113,12 @@ class Supervisor:
 
     def poll_once(self) -> bool:
         """Update every unfinished task; True when something changed."""
-        changed = False
         with self.store.edit() as state:
+            # recoveries the kill switch held or that waited for approval, retried first
+            changed = self.recoverer.retry_held(state)
             pending = [t for t in state.tasks if not t.done]
             if not pending:
-                return False
+                return changed
             statuses = self._statuses(state, pending)
             for task in pending:
                 restarts_before = task.attempts[-1].restarts if task.attempts else 0
@@ -194,7 +195,7 @@ class Supervisor:
                 elif state.counts() != last_counts:
                     last_counts = state.counts()
                     self.console.print(f"[sweep] {summary_line(state)}", markup=False, highlight=False)
-                if state.done:
+                if state.done and not self.recoverer.has_held():
                     return state
                 if deadline is not None and time.monotonic() > deadline:
                     return state

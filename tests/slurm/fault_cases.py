@@ -583,7 +583,10 @@ def _cause(tasks: list[dict[str, Any]], audit: list[dict[str, Any]], history: di
     words = [", ".join(causes)] if causes else []
     for rec in audit:
         if rec["type"] == "decision":
-            params = "; ".join(f"{k} {v[0]}→{v[1]}" for k, v in rec["params"].items())
+            params = "; ".join(
+                f"{k} {v[0]}→{v[1]}" if isinstance(v, list) and len(v) == 2 else f"{k}={v!r}"
+                for k, v in rec["params"].items()
+            )
             words.append(f"{rec['action']} {params}".strip() + ("" if rec["decision"] == "allow" else " (denied)"))
     failed = [t for t in tasks if t["state"] != "COMPLETED" and t.get("diagnosis")]
     if failed and not failed[0]["diagnosis"]["retryable"]:

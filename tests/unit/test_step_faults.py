@@ -174,3 +174,9 @@ def test_stop_checkpoint_that_cannot_fit_the_grace_window_falls_back_to_the_peri
             if step == 2:
                 os.kill(os.getpid(), signal.SIGUSR2)
     assert stop.value.step == 3 and "written in" in roomy.stop_note
+
+
+def test_a_stop_signal_before_the_runtime_owns_it_is_retryable() -> None:
+    err = "srun: error: a100-1: task 0: User defined signal 2\n"
+    d = diagnose("FAILED", {"296_0_log.err": err})
+    assert d.cause == "early_stop_signal" and d.retryable and d.evidence[0].line == 1

@@ -1,0 +1,52 @@
+"""`slurmagent skill …`: list the skills, or run one with its own arguments; the exit code
+is the result's Nagios status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from slurmagent.errors import SkillError
+from slurmagent.skills._base import SkillResult, Status
+from slurmagent.skills.registry import all_skills, get_skill, load_plugins, run_skill
+
+
+def _print_result(result: SkillResult, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_json(), indent=1, default=str))
+        return
+    print(f"{result.skill} {result.status.name}" + (f" - {result.reasons[0]}" if result.reasons else ""))
+    for reason in result.reasons[1:]:
+        print(f"  {reason}")
+
+
+def skill_main(list_: bool, as_json: bool, name: str | None, rest: list[str]) -> int:
+    if "--json" in rest:  # `skill NAME ARGS --json`: the flag after the skill's own arguments
+        rest = [a for a in rest if a != "--json"]
+        as_json = True
+    if list_ or name is None:
+        skills = all_skills()
+        skipped = load_plugins()[1]
+        if as_json:
+            print(json.dumps({"skills": {n: c.description for n, c in skills.items()}, "skipped_plugins": skipped}))
+        else:
+            for n, c in skills.items():
+                print(f"{n:<24} {c.description}")
+            for ep, why in skipped.items():
+                print(f"(skipped plugin {ep}: {why})", file=sys.stderr)
+        return int(Status.OK) if list_ else int(Status.UNKNOWN)
+    try:
+        cls = get_skill(name)
+    except SkillError as exc:
+        print(f"slurmagent: error: {exc}", file=sys.stderr)
+        return int(Status.UNKNOWN)
+    parser = argparse.ArgumentParser(prog=f"slurmagent skill {name}", description=cls.description)
+    cls.add_arguments(parser)
+    try:
+        ns = parser.parse_args(rest)
+    except SystemExit as exc:  # --help (0) or a bad argument (2 → UNKNOWN)
+        return 0 if exc.code == 0 else int(Status.UNKNOWN)
+    result = run_skill(name, **cls.inputs_from_args(ns))
+    _print_result(result, as_json)
+    return result.exit_code

@@ -1,0 +1,2 @@
+"""Safety and control around the action gate (slurmagent/gate.py): the policy, the kill
+switch, approvals, the audit tools and the replay sandbox."""

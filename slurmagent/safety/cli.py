@@ -1,0 +1,300 @@
+"""The safety subcommands: audit, approvals, approve, reject, pause, resume, replay.
+`slurmagent/cli.py` registers them with `add_parsers`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from slurmagent.errors import ApprovalError, AuditError, SlurmAgentError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+COMMANDS = ("audit", "approvals", "approve", "reject", "pause", "resume", "replay")
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=200) if not sys.stdout.isatty() else Console()
+
+
+# -- audit ----------------------------------------------------------------------------------
+def cmd_audit(args: argparse.Namespace) -> int:
+    from slurmagent.safety.audit import AuditLog, audit_table, filter_records, parse_since, verify
+
+    if args.audit_cmd == "verify":
+        problems = verify(args.path)
+        count = len(AuditLog(args.path).records()) if not problems else None
+        if not problems:
+            print(f"{args.path}: {count} record(s), hash chain intact")
+            return EXIT_OK
+        for p in problems:
+            print(f"{args.path}: {p.kind}: {p.message}")
+        return EXIT_FAILED
+    try:
+        records = AuditLog(args.path).records()
+    except FileNotFoundError:
+        raise AuditError(f"{args.path}: no such audit log") from None
+    except ValueError as exc:
+        raise AuditError(f"{args.path} has a record that is not JSON ({exc}); run `slurmagent audit verify`") from None
+    since = parse_since(args.since) if args.since else None
+    rows = filter_records(records, args.job, args.action, args.decision, since)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+    else:
+        # the summary on its own line: a table title would wrap a long path mid-sentence
+        print(f"{args.path}: {len(rows)} of {len(records)} record(s)")
+        _console().print(audit_table(rows, "audit"))
+    return EXIT_OK
+
+
+# -- approvals ------------------------------------------------------------------------------
+def _store(sweep: Path | None) -> Any:
+    from slurmagent.safety.approvals import ApprovalStore
+    from slurmagent.safety.paths import APPROVALS_DIR, approvals_dir
+
+    if sweep is not None:
+        return ApprovalStore(approvals_dir(sweep))
+    if os.environ.get("SLURMAGENT_APPROVALS_DIR"):
+        return ApprovalStore(os.environ["SLURMAGENT_APPROVALS_DIR"])
+    if (Path.cwd() / APPROVALS_DIR).is_dir():
+        return ApprovalStore(Path.cwd() / APPROVALS_DIR)
+    raise ApprovalError(
+        "where are the approvals? pass --sweep SWEEP_DIR, set SLURMAGENT_APPROVALS_DIR, or run in the sweep directory"
+    )
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    store = _store(args.sweep)
+    if args.run:
+        return _run_approved(store)
+    statuses = [s for s in store.statuses() if args.all or s.state in ("pending", "approved")]
+    if args.json:
+        for s in statuses:
+            print(json.dumps({"id": s.request.id, "state": s.state, "approvers": s.approvers, **s.request.__dict__}))
+        return EXIT_OK
+    table = Table(title=Text(f"approvals in {store.dir}: {len(statuses)}"))
+    for col in ("id", "state", "action", "target", "rule", "approvals", "requester", "expires", "reason"):
+        table.add_column(col)
+    for s in statuses:
+        r = s.request
+        cells = (
+            r.id,
+            s.state,
+            str(r.action.get("kind")),
+            str(r.action.get("target")),
+            r.rule,
+            f"{len(s.approvers)}/{r.approvals}" + (f" ({', '.join(s.approvers)})" if s.approvers else ""),
+            r.requester,
+            datetime.fromtimestamp(r.expires_at).strftime("%Y-%m-%d %H:%M"),
+            str(r.action.get("reason", "")),
+        )
+        table.add_row(*(Text(c) for c in cells))
+    _console().print(table)
+    return EXIT_OK
+
+
+def _approved_gate(store: Any, request: Any) -> Any:
+    from slurmagent.gate import AuditLog, Gate
+    from slurmagent.safety.executors import standalone_executors
+
+    sweep = Path(request.sweep_dir)
+    gate = Gate(AuditLog(request.audit), standalone_executors(sweep), sweep_dir=sweep, job=request.job)
+    gate.approvals = store
+    return gate
+
+
+def _report(out: Any) -> int:
+    if out.held:
+        print(f"held: {out.decision.rule}; it runs after `slurmagent resume`")
+    elif out.executed:
+        print(f"executed: {json.dumps(out.result, default=str)}")
+    elif out.result.get("error"):
+        print(f"failed: {out.result['error']}")
+        return EXIT_FAILED
+    elif out.result.get("waiting"):
+        print(
+            f"approved, not run here: {out.result['waiting']}; the sweep's owner runs it with "
+            "`slurmagent approvals --sweep DIR --run`"
+        )
+    else:
+        print("approved; the sweep's supervisor runs it on its next poll")
+    return EXIT_OK
+
+
+def _run_approved(store: Any) -> int:
+    """Run every approved action that has not run yet and needs no supervisor."""
+    code = EXIT_OK
+    ready = [s for s in store.statuses() if s.state == "approved"]
+    for st in ready:
+        print(f"{st.request.id}: {st.request.action.get('kind')} {st.request.action.get('target')}: ", end="")
+        code = max(code, _report(_approved_gate(store, st.request).run_approved(st.request.id)))
+    if not ready:
+        print("no approved action waits to run")
+    return code
+
+
+def _sweep_audit(path: str) -> Any:
+    from slurmagent.gate import SHARED_AUDIT_MODE
+    from slurmagent.safety.audit import AuditLog
+
+    return AuditLog(path, mode=SHARED_AUDIT_MODE) if path else None
+
+
+def _record_vote(status: Any, verdict: str, note: str, sweep_log: Any) -> None:
+    """The vote in the sweep's audit log (when this user may write it) and the user's own."""
+    from slurmagent.safety.audit import AuditLog
+    from slurmagent.safety.paths import user_audit_path
+
+    r = status.request
+    record = {
+        "type": "approval",
+        "sweep": r.sweep_dir,
+        "job": r.job or r.action.get("target"),
+        "action": r.action.get("kind"),
+        "target": r.action.get("target"),
+        "decision": verdict,
+        "rule": r.rule,
+        "approval_id": r.id,
+        "reason": note,
+        "state_after": status.state,
+        "approvers": status.approvers,
+    }
+    for log in (sweep_log, AuditLog(user_audit_path())):
+        if log is None:
+            continue
+        try:
+            log.append(record)
+        except AuditError as exc:
+            print(
+                f"slurmagent: note: {exc}; the vote itself is recorded in {status.request.id}'s files", file=sys.stderr
+            )
+
+
+def cmd_vote(args: argparse.Namespace) -> int:
+    store = _store(args.sweep)
+    verdict = "approve" if args.cmd == "approve" else "reject"
+    request = store.get(args.id)
+    sweep_log = _sweep_audit(request.audit)
+    # under the sweep log's lock: the vote's record lands before the outcome of the run it enables
+    with sweep_log.lock if sweep_log is not None and sweep_log.writable() else contextlib.nullcontext():
+        status = store.vote(args.id, verdict, args.note or "")
+        _record_vote(status, verdict, args.note or "", sweep_log)
+    r = status.request
+    print(f"{verdict}d {r.id} ({r.action.get('kind')} {r.action.get('target')}): now {status.state}")
+    if status.state != "approved":
+        if status.state == "pending":
+            print(
+                f"waiting for {r.approvals - len(status.approvers)} more approval(s) "
+                f"from user(s) other than {r.requester}"
+            )
+        return EXIT_OK
+    return _report(_approved_gate(store, r).run_approved(r.id))
+
+
+# -- kill switch ----------------------------------------------------------------------------
+def cmd_switch(args: argparse.Namespace) -> int:
+    from slurmagent.safety.switch import pause, resume
+
+    if args.sweep is not None and not args.sweep.is_dir():
+        raise SlurmAgentError(f"--sweep {args.sweep}: no such directory")
+    what = f"sweep {args.sweep}" if args.sweep is not None else "every sweep of this user"
+    if args.cmd == "pause":
+        path = pause(args.sweep, args.reason or "")
+        print(f"paused automated actions of {what} ({path}); running jobs keep running; `slurmagent resume` lifts it")
+        return EXIT_OK
+    removed = resume(args.sweep)
+    print(f"resumed {what} ({removed})" if removed else f"{what} was not paused")
+    return EXIT_OK
+
+
+# -- replay ---------------------------------------------------------------------------------
+def cmd_replay(args: argparse.Namespace) -> int:
+    from slurmagent.safety.policy import load_policy, resolve_policy
+    from slurmagent.safety.replay import history_path, load_history, replay, replay_diff, replay_table
+
+    entries = load_history(args.history)
+    sweep = history_path(args.history).parent
+    policy = load_policy(args.policy) if args.policy else resolve_policy(sweep)
+    rows = replay(entries, policy)
+    if args.json:
+        for r in rows:
+            print(
+                json.dumps(
+                    {
+                        "line": r.n,
+                        "task": r.index,
+                        "action": r.action.to_json(),
+                        "changed": r.changed,
+                        "recorded": r.recorded.__dict__ if r.recorded else None,
+                        "replayed": r.replayed.__dict__,
+                    }
+                )
+            )
+    else:
+        _console().print(replay_table(rows, policy.name))
+        diff = replay_diff(rows)
+        print("\n".join(diff) if diff else f"no decision changes under policy {policy.name}")
+    changed = sum(r.changed for r in rows)
+    print(f"{changed} of {len(rows)} decision(s) change under policy {policy.name}; nothing was executed")
+    return EXIT_FAILED if (changed and args.fail_on_change) else EXIT_OK
+
+
+# -- registration ---------------------------------------------------------------------------
+def add_parsers(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
+    a = sub.add_parser("audit", help="verify or show an audit log")
+    asub = a.add_subparsers(dest="audit_cmd", required=True)
+    av = asub.add_parser("verify", help="check the hash chain; names an edited/deleted/reordered/truncated record")
+    av.add_argument("path", type=Path)
+    ash = asub.add_parser("show", help="print the records as a table")
+    ash.add_argument("path", type=Path)
+    ash.add_argument("--job", default=None, help="only this job id (or target)")
+    ash.add_argument("--action", default=None, help="only this action kind (resubmit, cancel, …)")
+    ash.add_argument("--decision", default=None, help="only this decision (allow, deny, needs_approval, held, …)")
+    ash.add_argument("--since", default=None, help="only records since: 30m, 2h, 1d, an ISO time or a unix time")
+    ash.add_argument("--json", action="store_true")
+
+    ap = sub.add_parser("approvals", help="list pending approvals")
+    ap.add_argument("--sweep", type=Path, default=None)
+    ap.add_argument("--all", action="store_true", help="also decided, executed and expired ones")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--run", action="store_true", help="run approved actions that have not run yet (as the owner)")
+    for name in ("approve", "reject"):
+        v = sub.add_parser(name, help=f"{name} a pending action as the calling user")
+        v.add_argument("id")
+        v.add_argument("--sweep", type=Path, default=None)
+        v.add_argument("--note", default=None, help="why (recorded in the audit log)")
+
+    for name, helptext in (("pause", "stop automated actions (kill switch)"), ("resume", "lift the kill switch")):
+        p = sub.add_parser(name, help=helptext)
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--sweep", type=Path, default=None, help="only this sweep")
+        g.add_argument("--all", action="store_true", help="every sweep of this user (the default)")
+        if name == "pause":
+            p.add_argument("--reason", default=None)
+
+    rp = sub.add_parser("replay", help="run a policy over a recorded history, executing nothing")
+    rp.add_argument("history", type=Path, help="a sweep's history.jsonl (or the sweep directory)")
+    rp.add_argument("--policy", default=None, help="a name in conf/policy or a YAML path (default: the sweep's)")
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--fail-on-change", action="store_true", help="exit 1 when a decision changes")
+    return {
+        "audit": cmd_audit,
+        "approvals": cmd_approvals,
+        "approve": cmd_vote,
+        "reject": cmd_vote,
+        "pause": cmd_switch,
+        "resume": cmd_switch,
+        "replay": cmd_replay,
+    }

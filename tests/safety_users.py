@@ -1,0 +1,74 @@
+"""Real local users for the approval tests: `sa-alice` and `sa-bob`, created with useradd
+(root is needed, as in CI) and removed afterwards; `run_as` runs the slurmagent CLI as one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+USERS = ("sa-alice", "sa-bob")
+ROOT = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@contextmanager
+def local_users() -> Iterator[tuple[str, str]]:
+    if os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("runuser") is None:
+        if IN_CI:
+            pytest.fail("approval tests need root with useradd and runuser under CI")
+        pytest.skip("needs root, useradd and runuser to create real users")
+    for user in USERS:
+        subprocess.run(["userdel", "-r", user], capture_output=True, check=False)  # left over by a killed run
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", user], check=True, capture_output=True)
+    try:
+        yield USERS
+    finally:
+        for user in USERS:
+            subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
+
+
+@contextmanager
+def shared_dir() -> Iterator[Path]:
+    """A directory other users can reach (pytest's tmp_path is private to root)."""
+    top = Path(tempfile.mkdtemp(prefix="sa-approvals-"))
+    top.chmod(0o755)
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top)
+
+
+def python_for(user: str) -> tuple[str, dict[str, str]]:
+    """This interpreter when `user` may run it; else the system's python of the same
+    version with this environment's packages on its path (a pyenv under /root is private)."""
+    real = os.path.realpath(sys.executable)
+    if subprocess.run(["runuser", "-u", user, "--", "test", "-x", real], check=False).returncode == 0:
+        return sys.executable, {}
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/local/bin:/usr/bin")
+    if system is None:
+        pytest.skip(f"no python {sys.version_info.major}.{sys.version_info.minor} that {user} may run")
+    paths = [str(ROOT), *(p for p in sys.path if p.endswith("site-packages"))]
+    return system, {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+def run_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m slurmagent ARGS` as `user` (with none of this process's slurmagent and
+    python settings), or as this process (None, with its environment)."""
+    keep = ("XDG_", "PYTHON", "SLURMAGENT_") if user is None else ()
+    env = {
+        k: v for k, v in os.environ.items() if k.startswith(keep) or not k.startswith(("SLURMAGENT_", "XDG_", "PYTHON"))
+    }
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    python, extra = python_for(user) if user else (sys.executable, {})
+    env.update(extra)
+    prefix = ["runuser", "-u", user, "--"] if user else []
+    argv = [*prefix, python, "-m", "slurmagent", *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/", timeout=120)

@@ -1,0 +1,101 @@
+"""Multi-node exact resume on the real cluster: a 2-node torch.distributed (gloo) job,
+preempted by a high-priority job, stops on every rank at the same step, rank 0 writes the
+checkpoint, and the requeued job ends with the same parameters as a run never stopped."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+DDP = ["+experiment=ddp_gloo", "ddp.steps=300", "checkpoint.every_steps=0"]  # only the stop checkpoint
+
+
+def sweep(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slurmagent",
+            "-m",
+            *DDP,
+            *extra,
+            f"hydra.sweep.dir={tmp_path / name}",
+            "hydra.launcher.poll_interval_s=1",
+            "hydra.launcher.max_poll_interval_s=2",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def task(tmp_path: Path, name: str) -> dict[str, Any]:
+    return json.loads((tmp_path / name / "sweep.json").read_text())["tasks"][0]  # type: ignore[no-any-return]
+
+
+def squeue_state(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def test_two_node_gloo_job_preempted_resumes_exactly(slurm_conf: str, tmp_path: Path) -> None:
+    # the reference runs on two other nodes, in a partition the high-priority job does not preempt
+    ref = sweep(tmp_path, "ref", "resources.partition=gpu", "+resources.extra.nodelist='t4-[1-2]'")
+    pre = sweep(
+        tmp_path, "pre", "ddp.step_delay_s=0.05", "resources.partition=low", "+resources.extra.nodelist='cpu-[1-2]'"
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pre" / "sweep.json").exists() and time.monotonic() < deadline:
+            assert pre.poll() is None, pre.communicate()[1]
+            time.sleep(0.2)
+        job_id = task(tmp_path, "pre")["attempts"][0]["job_id"]
+        metrics = tmp_path / "pre" / "0" / "metrics.jsonl"
+        while time.monotonic() < deadline:  # preempt mid-run
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 130:
+                break
+            time.sleep(0.2)
+        subprocess.run(
+            ["sbatch", "-p", "high", "-w", "cpu-1", "--exclusive", "--time=2", "-o", "/dev/null", "--wrap", "sleep 1"],
+            check=True,
+            capture_output=True,
+        )
+        _, err = pre.communicate(timeout=300)
+        assert pre.returncode == 0, err
+        _, err = ref.communicate(timeout=120)
+        assert ref.returncode == 0, err
+    finally:
+        pre.kill()
+        ref.kill()
+    got, want = task(tmp_path, "pre")["result"], task(tmp_path, "ref")["result"]
+    assert got["world_size"] == want["world_size"] == 2
+    assert got["attempt"] == 2
+    resumed = got["resumed_from"]
+    assert (
+        resumed is not None and 130 <= resumed < 300 and resumed % 100 != 0
+    )  # the stop checkpoint, not a periodic one
+    assert got["state_hash"] == want["state_hash"]  # bit-identical parameters
+    # each rank logged the step it stopped at: the same one, the one rank 0's checkpoint holds
+    stops = {}
+    for rank in (0, 1):
+        log = (tmp_path / "pre" / ".submitit" / f"{job_id}_{rank}_log.out").read_text()
+        found = re.findall(r"stop checkpoint at step (\d+)", log)
+        assert found, f"rank {rank} did not log its stop:\n{log[-2000:]}"
+        stops[rank] = int(found[0])
+    assert stops == {0: resumed, 1: resumed}
+    history = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert any(h.startswith("PREEMPTED|cpu-[1-2]") for h in history), history
