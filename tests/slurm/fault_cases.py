@@ -55,7 +55,7 @@ SYNTH_SWEEP = (
 # 100 such steps: long enough that a node failure lands mid-run however slow the injection
 SYNTH_LONG = ("+experiment=synthetic", "synthetic.steps=100", "synthetic.step_time_s=0.1", "checkpoint.every_steps=5")
 # the torch digits MLP: model, optimiser, scheduler, RNG and data order in the checkpoint
-DIGITS = ("+experiment=digits_mlp", "train.steps=200", "train.step_delay_s=0.05", "checkpoint.every_steps=50")
+DIGITS = ("+experiment=digits_mlp", "train.steps=300", "train.step_delay_s=0.05", "checkpoint.every_steps=50")
 
 
 class InjectionError(RuntimeError):
@@ -192,9 +192,13 @@ def preempt(run: Run) -> None:
         # a high-priority job that needs the whole node preempts (requeues) the low one
         argv = ["sbatch", "-p", "high", "-w", PREEMPT_NODE, "--exclusive", "--time=2", "-o", "/dev/null"]
         slurm([*argv, "--wrap", "sleep 1"], run.env, retry_s=60)
-        wait_for(
-            lambda job=job: run.squeue(job)[0] not in ("RUNNING", "UNKNOWN"), "the preempted job to stop running", 90
+        state = wait_for(
+            lambda job=job: (st := run.squeue(job)[0]) not in ("RUNNING", "UNKNOWN") and (st or "ENDED"),
+            "the preempted job to stop running",
+            90,
         )
+        if state == "ENDED":  # no longer listed: it finished before the preemption landed
+            raise InjectionError(f"job {job} finished before preemption {len(run.notes['preempted_after_steps'])}")
 
 
 def check_preempted(run: Run, res: CaseResult) -> list[str]:
@@ -584,7 +588,7 @@ def _cause(tasks: list[dict[str, Any]], audit: list[dict[str, Any]], history: di
     for rec in audit:
         if rec["type"] == "decision":
             params = "; ".join(
-                f"{k} {v[0]}→{v[1]}" if isinstance(v, list) and len(v) == 2 else f"{k}={v!r}"
+                f"{k} {v[0]}→{v[1]}" if isinstance(v, list) and len(v) == 2 else (f"{k}={v}" if v else f"{k} cleared")
                 for k, v in rec["params"].items()
             )
             words.append(f"{rec['action']} {params}".strip() + ("" if rec["decision"] == "allow" else " (denied)"))
