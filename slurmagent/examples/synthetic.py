@@ -28,6 +28,12 @@ class CounterState:
         self.digest = state["digest"]
 
 
+def _ballast(mb: int) -> bytearray:
+    block = bytearray(mb * 2**20)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page so it is really resident
+    return block
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     syn = cfg.get("synthetic", {}) or {}
     steps = int(syn.get("steps", 100))
@@ -35,21 +41,29 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     timeline = bool(syn.get("timeline", False))  # each step's end time into metrics.jsonl (benchmarks)
     ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
     state = CounterState()
-    # memory held for the whole run: lets tests drive a job over its --mem (a real cgroup OOM)
-    ballast = bytearray(int(syn.get("alloc_mb", 0)) * 2**20)
-    ballast[::4096] = b"x" * len(ballast[::4096])  # touch every page so it is really resident
+    # memory held from step `alloc_at_step` (0: before the first) to the end: lets tests drive
+    # a job over its --mem mid-run (a real cgroup OOM) after some checkpoints were written
+    alloc_mb, alloc_at = int(syn.get("alloc_mb", 0)), int(syn.get("alloc_at_step", 0))
+    ballast = _ballast(alloc_mb) if alloc_at <= 0 else bytearray()
     ctx = current()
     loop = StepLoop(ctx, state, total_steps=steps, conf=ck)
     for step in loop:
+        if step == alloc_at and alloc_at > 0:
+            ballast = _ballast(alloc_mb)
         if step_time:
             time.sleep(step_time)
         state.digest = hashlib.sha256(f"{state.digest}:{step}".encode()).hexdigest()
         state.steps_run += 1
+        # one metrics.jsonl line per step run (redone steps show); with the timeline, its end time too
         if timeline:
-            loop.report(t=time.time(), attempt=ctx.attempt)
+            loop.report(steps_run_here=state.steps_run, t=time.time(), attempt=ctx.attempt)
+        else:
+            loop.report(steps_run_here=state.steps_run)
+    del ballast
     return {
         "steps": steps,
         "digest": state.digest,
+        "state_hash": state.digest,  # the whole state: equal hashes = bit-identical runs
         "resumed_from": loop.restored_from,
         "attempt": ctx.attempt,
         "steps_run_here": state.steps_run,

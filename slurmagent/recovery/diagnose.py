@@ -46,6 +46,11 @@ def _r(cause: str, pattern: str, retryable: bool, summary: str, suggestion: str)
     return Rule(cause, re.compile(pattern), retryable, summary, suggestion)
 
 
+DISK_FULL_SUGGESTION = (
+    "free space or raise the quota (checkpoint.dir, the output directory), or lower checkpoint.keep_last; "
+    "resubmitted, the task resumes from its newest intact checkpoint"
+)
+
 # Ordered: the first rule that matches anywhere wins, so specific causes come first.
 RULES: tuple[Rule, ...] = (
     _r(
@@ -161,6 +166,20 @@ RULES: tuple[Rule, ...] = (
         True,
         "NCCL reported an error.",
         "retry once; if the same node fails twice, exclude it",
+    ),
+    _r(
+        "disk_full",
+        r"could not write checkpoint (?:manifest )?(\S+): \[Errno \d+\] (No space left on device|Disk quota exceeded)",
+        False,
+        "Checkpoint {g1} could not be written: {g2}. The checkpoints before it are intact.",
+        DISK_FULL_SUGGESTION,
+    ),
+    _r(
+        "disk_full",
+        r"No space left on device|Disk quota exceeded",
+        False,
+        "A file system the job writes to is full ({match}).",
+        DISK_FULL_SUGGESTION,
     ),
     _r(
         "missing_module",

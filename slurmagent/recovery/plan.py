@@ -60,12 +60,45 @@ def _partition(spec: JobSpec, cluster: ClusterInfo | None) -> str | None:
     return spec.resources.partition or cluster.default_partition
 
 
+def split_hostlist(text: str | None) -> list[str]:
+    """`a100-1,t4-[1,2]` → ['a100-1', 't4-[1,2]']: commas inside brackets stay."""
+    parts, depth, cur = [], 0, ""
+    for ch in text or "":
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    return [p.strip() for p in parts if p.strip() and p.strip() not in ("None", "(null)")]
+
+
 def _add_exclude(current: str | None, nodes: str) -> str:
-    have = [n for n in (current or "").split(",") if n]
-    for node in nodes.split(","):
-        if node and node not in have and node != "None":
-            have.append(node)
+    have = split_hostlist(current)
+    have += [n for n in split_hostlist(nodes) if n not in have]
     return ",".join(have)
+
+
+def exclude_nodes(res: ResourcesConf, nodes: str) -> tuple[ResourcesConf, dict[str, tuple[object, object]]]:
+    """`res` with `nodes` added to `exclude`, and taken out of a `resources.extra.nodelist`
+    that names them (sbatch refuses a node both required and excluded; a job pinned to a
+    failed node would otherwise wait for it forever). Returns the changes, key → (old, new)."""
+    excl = _add_exclude(res.exclude, nodes)
+    changes: dict[str, tuple[object, object]] = {"exclude": (res.exclude, excl)}
+    extra = dict(res.extra)
+    for key in [k for k in extra if k.replace("_", "-") == "nodelist"]:
+        required = split_hostlist(extra[key])
+        excluded = set(split_hostlist(excl))
+        # a bracketed range cannot be checked without Slurm's hostlist code: drop the pin
+        keep = [n for n in required if n not in excluded and "[" not in n]
+        if keep != required:
+            if keep:
+                extra[key] = ",".join(keep)
+            else:
+                del extra[key]
+            changes[f"extra.{key}"] = (",".join(required), ",".join(keep) or None)
+    return dataclasses.replace(res, exclude=excl, extra=extra), changes
 
 
 def plan(
@@ -142,11 +175,9 @@ def plan(
         # a node failure excludes at once; GPU/NCCL errors only when the same node failed before
         repeat = any(seen.get(n, 0) >= 1 for n in last_nodes.split(","))
         if diagnosis.cause in EXCLUDE_AT_ONCE or repeat:
-            excl = _add_exclude(res.exclude, last_nodes)
+            new_res, changes = exclude_nodes(res, last_nodes)
             return Resubmit(
-                dataclasses.replace(res, exclude=excl),
-                f"{diagnosis.cause} on {last_nodes}: resubmit excluding {excl}",
-                {"exclude": (res.exclude, excl)},
+                new_res, f"{diagnosis.cause} on {last_nodes}: resubmit excluding {new_res.exclude}", changes
             )
     return Resubmit(res, f"{diagnosis.cause}: resubmit unchanged (attempt {attempts_so_far + 1} of {bound})", {})
 

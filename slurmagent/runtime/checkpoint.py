@@ -354,10 +354,18 @@ class CheckpointManager:
         entry = CheckpointEntry(
             step=step, file=name, time=self._clock(), sha256=out.sha256.hexdigest(), bytes=out.bytes
         )
-        entries = [e for e in self.entries() if e.step != step] + [entry]
+        before = self.entries()
+        entries = [e for e in before if e.step != step] + [entry]
         entries.sort(key=lambda e: e.step)
         keep, drop = entries[-self.keep_last :], entries[: -self.keep_last]
-        self._write_manifest(keep)
+        try:
+            self._write_manifest(keep)
+        except OSError as exc:  # e.g. the disk filled up between the two writes
+            if name not in {e.file for e in before}:
+                (self.dir / name).unlink(missing_ok=True)  # not in the manifest: no use, only space
+            raise CheckpointError(
+                f"could not write checkpoint manifest {self.dir / MANIFEST}: {exc}; older checkpoints are intact"
+            ) from exc
         for old in drop:
             if old.file not in {k.file for k in keep}:
                 (self.dir / old.file).unlink(missing_ok=True)

@@ -250,7 +250,7 @@ class StepLoop:
         if self.is_writer:
             if self._metrics_file is None:
                 self.ctx.output_dir.mkdir(parents=True, exist_ok=True)
-                self._metrics_file = open(self.ctx.output_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed at loop end
+                self._metrics_file = open(self.ctx.output_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed at loop end
             self._metrics_file.write(json.dumps({"step": self.step, **values}) + "\n")
 
     def _due(self, done: int) -> bool:

@@ -43,9 +43,13 @@ def standalone_executors(sweep_dir: Path, slurm: SlurmCLI | None = None) -> dict
         return {"requeued": a.target}
 
     def exclude_node(a: Action) -> dict[str, Any]:
-        # a pending (e.g. just requeued) job: its next run avoids the node(s) in params["exclude"]
+        # a pending (e.g. just requeued) job: its next run avoids the node(s) in params["exclude"];
+        # params["nodelist"], when given, replaces its required nodes (a job pinned to an excluded node)
         excluded = str(a.params["exclude"])
-        cli.run(["scontrol", "update", f"JobId={a.target}", f"ExcNodeList={excluded}"])
+        argv = ["scontrol", "update", f"JobId={a.target}", f"ExcNodeList={excluded}"]
+        if "nodelist" in a.params:
+            argv.append(f"ReqNodeList={a.params['nodelist'] or ''}")
+        cli.run(argv)
         return {"excluded": excluded, "job": a.target}
 
     def drain(a: Action) -> dict[str, Any]:

@@ -6,6 +6,7 @@ Parsing lives in pure functions (`parse_*`) so it is tested on recorded output.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ class TaskStatus:
     reason: str  # scheduler reason or "None"
     nodes: str  # node list
     restarts: int  # requeue count as far as known (0 when not reported)
+    earlier: tuple[tuple[str, str], ...] = ()  # (state, nodes) of each earlier run, oldest first
 
 
 TERMINAL_STATES = frozenset(
@@ -127,7 +129,8 @@ def parse_sacct(text: str) -> dict[str, TaskStatus]:
     """`sacct -n --parsable2 --duplicates -o JobID,State,ExitCode,Reason,NodeList`.
 
     With --duplicates a requeued job has one allocation row per run; the last one is the
-    current one, and each earlier one counts as a restart. Step rows (`123_4.0`,
+    current one, and each earlier one counts as a restart (its state and nodes are kept in
+    `earlier`: a run that ended NODE_FAIL before Slurm requeued the job shows there). Step rows (`123_4.0`,
     `123_4.batch`) refine a FAILED allocation: a step that was OOM-killed makes it
     OUT_OF_MEMORY. Pending array ranges (`123_[4-9]`) are expanded; the state word is the
     first token (`CANCELLED by 0` → CANCELLED).
@@ -147,12 +150,13 @@ def parse_sacct(text: str) -> dict[str, TaskStatus]:
         for jid in expand_array_id(job_id):
             prev = result.get(jid)
             restarts = prev.restarts + 1 if prev is not None else 0
-            result[jid] = TaskStatus(jid, word, exit_code, reason, nodes, restarts)
+            earlier = (*prev.earlier, (prev.state, prev.nodes)) if prev is not None else ()
+            result[jid] = TaskStatus(jid, word, exit_code, reason, nodes, restarts, earlier)
             step_causes.pop(jid, None)  # causes seen so far belong to an earlier run
     for jid, cause in step_causes.items():
         st = result.get(jid)
         if st is not None and st.state == "FAILED":
-            result[jid] = TaskStatus(jid, cause, st.exit_code, st.reason, st.nodes, st.restarts)
+            result[jid] = dataclasses.replace(st, state=cause)
     return result
 
 

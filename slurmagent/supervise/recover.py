@@ -13,15 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.config import JobSpec, LauncherConf, ResourcesConf, job_spec, parse_conf
+from slurmagent.errors import SlurmAgentError
 from slurmagent.gate import Action, AuditLog, Decision, Gate
 from slurmagent.recovery.diagnose import Diagnosis, Evidence, diagnose
-from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, plan
+from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan, split_hostlist
 from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.paths import SWEEP_AUDIT, SWEEP_HISTORY
 from slurmagent.safety.policy import resolve_policy
 from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
-from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,8 @@ log = logging.getLogger(__name__)
 # states after which a task may be recovered; CANCELLED is a person's decision and is left alone
 RECOVERABLE_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
 LOG_TAIL_BYTES = 200_000
+# earlier runs of a job that Slurm requeued by itself because their node failed
+NODE_FAILURE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 
 
 def task_logs(state: SweepState, job_id: str) -> dict[str, str]:
@@ -86,6 +90,8 @@ class Recoverer:
         if task.state not in RECOVERABLE_STATES or not task.spec or task.job_id is None:
             return
         attempt = task.attempts[-1]
+        if task.state in NODE_FAILURE_STATES and state.backend == "slurm" and self._requeued_by_slurm(task):
+            return  # not a new attempt: the next poll sees the requeue and excludes the node
         logs = collect_logs(state, task)
         diag = diagnose(task.state, logs)
         task.diagnosis = diag.to_json()
@@ -268,6 +274,77 @@ class Recoverer:
             state.array_ids.append(job_id.split("_")[0])
         log.warning("task %d: %s → resubmitted as %s (%s)", task.index, diag.cause, job_id, step.reason)
         return {"job_id": job_id, "resources": dataclasses.asdict(step.resources)}
+
+    def _requeued_by_slurm(self, task: TaskRecord) -> bool:
+        """Whether Slurm requeued the job itself (a --requeue job whose node failed): accounting
+        shows the failed run a moment before the requeued one, the controller knows at once.
+        A resubmission then would run the task twice. When the controller does not answer,
+        the task stays open and is looked at again at the next poll."""
+        assert task.job_id is not None
+        try:
+            now = self.slurm.run(["squeue", "-h", "-j", task.job_id, "-o", "%T"]).strip()
+        except SlurmAgentError as exc:
+            if "Invalid job id" in str(exc):
+                return False  # the controller forgot the job: it ended
+            now = "UNKNOWN"  # no answer: decide at the next poll
+        if not now or now in TERMINAL_STATES:
+            return False
+        log.warning("task %d: job %s ended %s and Slurm requeued it (%s)", task.index, task.job_id, task.state, now)
+        task.state = task.attempts[-1].state = now
+        return True
+
+    def requeued_after_node_failure(
+        self, state: SweepState, task: TaskRecord, runs: tuple[tuple[str, str], ...], job_state: str
+    ) -> None:
+        """Slurm requeued the task's job by itself after `runs` (state, nodes) ended: a run
+        lost to a failed node marks that node suspect in the sweep state, and while the job
+        still waits, the node is excluded from it (and taken out of a node list it was pinned
+        to) with `scontrol update`, through the gate. The job keeps its id and its checkpoint."""
+        failed = ",".join(nodes for st, nodes in runs if st in NODE_FAILURE_STATES and split_hostlist(nodes))
+        if not failed or task.job_id is None:
+            return
+        diag = diagnose("NODE_FAIL", collect_logs(state, task))
+        task.diagnosis = diag.to_json()
+        for node in split_hostlist(failed):
+            state.suspect_nodes[node] = state.suspect_nodes.get(node, 0) + 1
+        if not task.spec or job_state != "PENDING":
+            log.warning("task %d: node %s failed; Slurm requeued the job (now %s)", task.index, failed, job_state)
+            return
+        spec = job_spec(task.spec, require_task=False)
+        resources, changes = exclude_nodes(spec.resources, failed)
+        params: dict[str, Any] = {"exclude": resources.exclude}
+        if any(k.startswith("extra.") for k in changes):  # it was pinned there: unpin (ReqNodeList)
+            params["nodelist"] = resources.extra.get("nodelist", "")
+        update = standalone_executors(self.sweep_dir, self.slurm)["exclude_node"]
+
+        def exclude(action: Action) -> dict[str, Any]:
+            out = update(action)
+            task.spec = dataclasses.asdict(dataclasses.replace(spec, resources=resources))
+            log.warning(
+                "task %d: node %s failed; its requeued job %s now excludes %s",
+                task.index,
+                failed,
+                task.job_id,
+                resources.exclude,
+            )
+            return out
+
+        Gate(self.audit, {"exclude_node": exclude}, job=task.job_id).request(
+            Action(
+                "exclude_node",
+                task.job_id,
+                f"node_failure on {failed}: Slurm requeued the job; exclude {resources.exclude} from it",
+                params=params,
+                evidence=diag.evidence,
+                metrics_before={
+                    "state": job_state,
+                    "attempt": len(task.attempts),
+                    "nodes": failed,
+                    "cause": diag.cause,
+                },
+                context={"attempt": len(task.attempts), "cause": diag.cause, "source": "recovery"},
+            )
+        )
 
 
 def diagnosis_from_json(raw: dict[str, Any]) -> Diagnosis:

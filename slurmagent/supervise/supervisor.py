@@ -121,7 +121,12 @@ class Supervisor:
                 return changed
             statuses = self._statuses(state, pending)
             for task in pending:
+                restarts_before = task.attempts[-1].restarts if task.attempts else 0
                 changed |= self._update_task(state, task, statuses)
+                status = statuses.get(task.job_id or "")
+                if status is not None and status.restarts > restarts_before:  # Slurm requeued it
+                    runs = status.earlier[restarts_before:]
+                    self.recoverer.requeued_after_node_failure(state, task, runs, status.state)
                 if task.done and task.state != "COMPLETED":
                     self.recoverer.handle(state, task)  # may resubmit it as its next attempt
         return changed
