@@ -422,6 +422,74 @@ def check_oom_bounded(run: Run, res: CaseResult) -> list[str]:
     return problems
 
 
+# -- GPU faults (emulated GPU: slurmagent/examples/gpu_faults.py raises torch's real exception
+#    types with the real CUDA/NCCL messages from a real torch step; there is no GPU here) --------
+GPU_WORK = ("+experiment=gpu_faults", "resources.gpus=1")
+ON_GPU_NODES = (KEEP_OFF, "resources.partition=gpu")
+
+
+def first_decision(res: CaseResult) -> dict[str, Any]:
+    decisions = [r for r in res.audit if r["type"] == "decision"]
+    return decisions[0] if decisions else {}
+
+
+def check_cuda_transient(run: Run, res: CaseResult) -> list[str]:
+    retries = (res.tasks[0]["result"] or {}).get("cuda_retries")
+    return [] if retries == 2 else [f"{retries} in-process retries of the step, expected 2"]
+
+
+def check_cuda_persistent(run: Run, res: CaseResult) -> list[str]:
+    task = res.tasks[0]
+    bad = task["attempts"][0]["nodes"]
+    problems = []
+    if bad not in (task["spec"]["resources"].get("exclude") or ""):
+        problems.append(f"the node with the broken GPU ({bad}) is not excluded: {task['spec']['resources']}")
+    if (task["result"] or {}).get("node") == bad:
+        problems.append(f"the final run was on {bad} again")
+    if bad not in res.state.get("suspect_nodes", {}):
+        problems.append(f"{bad} not among the suspect nodes {res.state.get('suspect_nodes')}")
+    if not any("suspect GPU on node" in e["text"] for e in first_decision(res).get("evidence", [])):
+        problems.append(f"the resubmission shows no suspect-GPU evidence: {first_decision(res)}")
+    return problems
+
+
+def check_nccl(run: Run, res: CaseResult) -> list[str]:
+    decision = first_decision(res)
+    problems = []
+    if decision.get("params") != {}:
+        problems.append(f"the first NCCL failure should be retried unchanged: {decision.get('params')}")
+    if not any("NCCL error in:" in e["text"] for e in decision.get("evidence", [])):
+        problems.append(f"the resubmission shows no NCCL evidence: {decision.get('evidence')}")
+    return problems
+
+
+def check_gpu_oom(run: Run, res: CaseResult) -> list[str]:
+    task, result = res.tasks[0], res.tasks[0]["result"] or {}
+    problems = []
+    if not task["attempts"][0]["nodes"].startswith("t4-") or task["attempts"][-1]["nodes"] != "a100-1":
+        problems.append(f"attempts ran on {[a['nodes'] for a in task['attempts']]}, expected a t4 then a100-1")
+    if (result.get("gpu_type"), result.get("micro_batch"), result.get("halvings")) != ("a100", 32, 1):
+        problems.append(f"final run: {result}")
+    if first_decision(res).get("params") != {"gpu_type": ["t4", "a100"]}:
+        problems.append(f"resubmission params {first_decision(res).get('params')}")
+    return problems
+
+
+def check_time_limit(run: Run, res: CaseResult) -> list[str]:
+    task = res.tasks[0]
+    problems = []
+    if task["spec"]["resources"]["time"] != "00:02:00":
+        problems.append(f"resubmitted with --time={task['spec']['resources']['time']}, not 00:02:00")
+    decision = first_decision(res)
+    if decision.get("params") != {"time": ["00:01:00", "00:02:00"]}:
+        problems.append(f"resubmission params {decision.get('params')}")
+    if not any("time limit reached 1 times" in e["text"] for e in decision.get("evidence", [])):
+        problems.append(f"no time-limit evidence: {decision.get('evidence')}")
+    if not (task["result"] or {}).get("resumed_from"):
+        problems.append("the resubmitted run did not resume from the stop checkpoint")
+    return problems
+
+
 MISSING = "open('/nonexistent/data/train/labels.csv')"
 CRASH = "raise ValueError('shape mismatch: (64, 10) vs (64, 12)')"
 HOG = "import time; x = bytearray(700 * 2**20); time.sleep(5)"
@@ -518,6 +586,57 @@ CASES: tuple[FaultCase, ...] = (
         overrides=(KEEP_OFF, "resources.mem=200M", "recovery.max_attempts=1"),
         check=check_oom_bounded,
         note="gave up after 1 attempt",
+    ),
+    FaultCase(
+        "time_limit",
+        "time limit (1 min): Slurm's warning signal, no requeue left",
+        ("+experiment=synthetic", "synthetic.steps=450", "synthetic.step_time_s=0.1", "checkpoint.every_steps=1000"),
+        Expect(runs=2, cause="time_limit", max_steps_redone=1),
+        # USR2 20 s before the limit; slurmctld checks every 30 s, so it comes 10-40 s in,
+        # before the 45 s of work are done; the job stops, the supervisor gives it 2 minutes
+        overrides=(
+            KEEP_OFF,
+            "resources.partition=low",
+            "resources.time='00:01:00'",
+            "recovery.signal_delay_s=20",
+            "recovery.max_time_limit_requeues=0",
+        ),
+        check=check_time_limit,
+    ),
+    FaultCase(
+        "cuda_transient",
+        "CUDA illegal memory access at step 20, twice (emulated GPU)",
+        GPU_WORK,
+        Expect(runs=1, max_steps_redone=0),
+        overrides=(*ON_GPU_NODES, "gpu_faults.fault=cuda_error", "gpu_faults.fault_times=2"),
+        check=check_cuda_transient,
+        note="retried in process from the state before the step",
+    ),
+    FaultCase(
+        "cuda_persistent",
+        "CUDA error on every try on one node, batch fine on CPU (emulated GPU)",
+        GPU_WORK,
+        Expect(runs=2, cause="gpu_suspect"),
+        overrides=(*ON_GPU_NODES, "gpu_faults.fault=cuda_error", "gpu_faults.bad_node=first"),
+        check=check_cuda_persistent,
+    ),
+    FaultCase(
+        "nccl",
+        "NCCL error at step 20 (emulated)",
+        GPU_WORK,
+        Expect(runs=2, cause="nccl_error"),
+        overrides=(*ON_GPU_NODES, "gpu_faults.fault=nccl"),
+        check=check_nccl,
+    ),
+    FaultCase(
+        "gpu_oom",
+        "GPU OOM on a t4 past 2 halvings (emulated GPU memory)",
+        # the reference runs on an a100 from the start; the faulty run asks for a t4 (later override wins)
+        (*GPU_WORK, "gpu_faults.fault=gpu_oom", "gpu_faults.sample_mib=2", "resources.gpu_type=a100"),
+        Expect(runs=2, cause="gpu_oom"),
+        overrides=(*ON_GPU_NODES, "resources.gpu_type=t4"),
+        check=check_gpu_oom,
+        note="halved in process first",
     ),
 )
 
