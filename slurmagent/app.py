@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slurmagent.config import JobSpec, RecoveryConf, job_spec, slurm_time_to_seconds
 from slurmagent.errors import ConfigError, SlurmAgentError, TaskFailedError
+from slurmagent.recovery.diagnose import Evidence
 from slurmagent.runtime.actions import request_requeue
 from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
@@ -193,7 +194,13 @@ def handle_stop(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf | 
         reason_text = f"time limit near ({left} left): requeue {count} of {recovery.max_time_limit_requeues}"
     else:
         reason_text = f"signal {stop.signum} with {left or 'unknown'} left: requeue to resume from step {stop.step}"
-    outcome = request_requeue(ctx, reason_text, metrics, cause="time_limit" if why == "time_limit" else "signal")
+    names = ", ".join(signal.Signals(n).name for n in stop.signals if n in signal.Signals._value2member_map_)
+    evidence = [
+        Evidence("slurm", 0, f"squeue: State={state or '?'} Reason={reason or '?'} TimeLeft={left or '?'}"),
+        Evidence("runtime", 0, f"signals received: {names}; stop checkpoint at step {stop.step}"),
+    ]
+    cause = "time_limit" if why == "time_limit" else "signal"
+    outcome = request_requeue(ctx, reason_text, metrics, cause=cause, evidence=evidence)
     if outcome.executed:
         log.warning("stopped at step %d: %s", stop.step, reason_text)
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from slurmagent.gate import Action, AuditLog, Gate, Outcome
+from slurmagent.recovery.diagnose import Evidence
 from slurmagent.runtime.context import JobContext
 from slurmagent.safety.executors import standalone_executors
 
@@ -17,26 +18,35 @@ def job_gate(ctx: JobContext) -> Gate:
 
 
 def request_requeue(
-    ctx: JobContext, reason: str, metrics: dict[str, Any], source: str = "runtime", cause: str = ""
+    ctx: JobContext,
+    reason: str,
+    metrics: dict[str, Any],
+    source: str = "runtime",
+    cause: str = "",
+    evidence: list[Evidence] | None = None,
 ) -> Outcome:
     assert ctx.slurm_requeue_id is not None
     action = Action(
         "requeue",
         ctx.slurm_requeue_id,
         reason,
+        evidence=list(evidence or []),
         metrics_before=metrics,
         context={"attempt": ctx.attempt, "source": source, "cause": cause},
     )
     return job_gate(ctx).request(action)
 
 
-def request_exclude(ctx: JobContext, exclude: str, reason: str, source: str) -> Outcome:
+def request_exclude(
+    ctx: JobContext, exclude: str, reason: str, source: str, evidence: list[Evidence] | None = None
+) -> Outcome:
     assert ctx.slurm_requeue_id is not None
     action = Action(
         "exclude_node",
         ctx.slurm_requeue_id,
         reason,
         params={"exclude": exclude, "node": ctx.node},
+        evidence=list(evidence or []),
         context={"attempt": ctx.attempt, "source": source},
     )
     return job_gate(ctx).request(action)

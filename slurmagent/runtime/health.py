@@ -116,6 +116,7 @@ def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
     is pending again, hence the order) — both through the action gate, as automated
     actions from a CRITICAL health check. Recorded in health_stop.json. Elsewhere: nothing."""
     from slurmagent.errors import SlurmAgentError
+    from slurmagent.recovery.diagnose import Evidence
     from slurmagent.runtime.actions import request_exclude, request_requeue
     from slurmagent.runtime.checkpoint import atomic_write
     from slurmagent.slurm.seam import SlurmCLI
@@ -129,11 +130,16 @@ def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
         show = SlurmCLI(timeout=30).run(["scontrol", "show", "job", "-o", job])
         current = next((f.split("=", 1)[1] for f in show.split() if f.startswith("ExcNodeList=")), "(null)")
         why = f"health check CRITICAL on {ctx.node}: requeue from the checkpoint just written"
-        requeued = request_requeue(ctx, why, {"node": ctx.node}, source=source, cause="gpu_health")
+        path = ctx.output_dir / STOP_RECORD
+        reasons = (json.loads(path.read_text()) if path.exists() else {}).get("reasons") or []
+        evidence = [Evidence(str(path), 0, str(r)) for r in reasons[:3]]
+        requeued = request_requeue(ctx, why, {"node": ctx.node}, source=source, cause="gpu_health", evidence=evidence)
         done["requeued"] = requeued.executed
         if requeued.executed:
             excluded = ",".join(x for x in (current if current != "(null)" else "", ctx.node) if x)
-            moved = request_exclude(ctx, excluded, f"health check CRITICAL on {ctx.node}: run elsewhere", source)
+            moved = request_exclude(
+                ctx, excluded, f"health check CRITICAL on {ctx.node}: run elsewhere", source, evidence
+            )
             done["excluded"] = excluded if moved.executed else None
             if not moved.executed:
                 done["error"] = str(moved.result.get("error") or moved.decision.rule)

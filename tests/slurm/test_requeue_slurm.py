@@ -75,3 +75,10 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
         check=True,
     ).stdout.split()
     assert history[-1] == "COMPLETED" and "REQUEUED" in history, history
+    # the job's own requeue went through the action gate: decision and outcome, with evidence
+    records = [json.loads(x) for x in (sweep / "audit.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["action"]) for r in records] == [("decision", "requeue"), ("outcome", "requeue")]
+    assert records[0]["decision"] == "allow" and records[1]["ok"]
+    assert records[0]["context"]["source"] == "runtime" and records[0]["context"]["cause"] == "signal"
+    texts = [e["text"] for e in records[0]["evidence"]]
+    assert any("State=RUNNING" in t for t in texts) and any("SIGUSR2" in t for t in texts), texts
