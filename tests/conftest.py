@@ -44,6 +44,14 @@ def slurm_conf() -> Iterator[str]:
         os.environ["SLURM_CONF"] = old
 
 
+@pytest.fixture(autouse=True)
+def _only_slurm_tests_see_the_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked `slurm` runs as on a laptop: under xdist it runs beside the
+    cluster tests, and a job it submitted would change their accounting and nodes."""
+    if request.node.get_closest_marker("slurm") is None:
+        monkeypatch.delenv("SLURM_CONF", raising=False)
+
+
 @pytest.fixture()
 def no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hide the test cluster: Slurm commands then find no config and fail, as on a laptop."""

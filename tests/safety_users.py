@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 USERS = ("sa-alice", "sa-bob")
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,14 +26,16 @@ def local_users() -> Iterator[tuple[str, str]]:
         if IN_CI:
             pytest.fail("approval tests need root with useradd and runuser under CI")
         pytest.skip("needs root, useradd and runuser to create real users")
-    for user in USERS:
-        subprocess.run(["userdel", "-r", user], capture_output=True, check=False)  # left over by a killed run
-        subprocess.run(["useradd", "-m", "-s", "/bin/sh", user], check=True, capture_output=True)
-    try:
-        yield USERS
-    finally:
+    # one test at a time owns the users: under xdist a unit and a cluster test may both want them
+    with FileLock(os.path.join(tempfile.gettempdir(), "slurmagent-test-users.lock"), timeout=600):
         for user in USERS:
-            subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
+            subprocess.run(["userdel", "-r", user], capture_output=True, check=False)  # left over by a killed run
+            subprocess.run(["useradd", "-m", "-s", "/bin/sh", user], check=True, capture_output=True)
+        try:
+            yield USERS
+        finally:
+            for user in USERS:
+                subprocess.run(["userdel", "-r", user], capture_output=True, check=False)
 
 
 @contextmanager
