@@ -152,20 +152,19 @@ def test_csv_table_label_column_and_empty_labels(tmp_path: Path) -> None:
     assert status == Status.WARNING and problems == [f"{table}:5: empty 'label'"]
 
 
-def test_parquet_without_pyarrow_says_what_to_install(tmp_path: Path) -> None:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        (tmp_path / "t.parquet").write_bytes(b"PAR1")
-        res = DataConfigGenerator().run(path=tmp_path / "t.parquet")
-        assert res.status == Status.UNKNOWN and "pip install pyarrow" in res.reasons[0]
-        return
+def test_parquet_tables_split_column_and_empty_labels(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"x": [1, 2], "label": ["a", "b"]}), tmp_path / "t.parquet")
-    status, data, _ = generate(tmp_path / "t.parquet")
-    assert status == Status.OK and data["classes"] == ["a", "b"]
+    data_dir = tmp_path / "tables"
+    data_dir.mkdir()
+    rows = {"x": [1.0, 2.0, 3.0, 4.0, 5.0], "split": ["train", "train", "train", "val", "val"]}
+    pq.write_table(pa.table({**rows, "target": ["a", "b", "a", "b", None]}), data_dir / "part-0.parquet")
+    status, data, problems = generate(data_dir)
+    assert data["format"] == "parquet" and data["label_column"] == "target" and data["feature_columns"] == ["x"]
+    assert data["classes"] == ["a", "b"]
+    assert data["splits"]["train"]["per_class"] == {"a": 2, "b": 1} and data["splits"]["val"]["per_class"] == {"b": 1}
+    assert status == Status.WARNING and problems == [f"{data_dir / 'part-0.parquet'}:6: empty 'target'"]
 
 
 def test_empty_directory_is_critical(tmp_path: Path) -> None:
