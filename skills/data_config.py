@@ -228,7 +228,7 @@ def scan_yolo(path: Path) -> Scan:
 def _table_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
     if path.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq  # type: ignore[import-not-found,unused-ignore]
+            import pyarrow.parquet as pq
         except ImportError:
             raise ValueError("reading Parquet needs pyarrow: pip install pyarrow") from None
         table = pq.read_table(path)
