@@ -43,9 +43,10 @@ PREEMPT_NODE = "cpu-2"
 NODE_FAIL_NODE = "t4-2"
 KEEP_OFF = f"resources.exclude='{PREEMPT_NODE},{NODE_FAIL_NODE}'"  # quoted: a bare comma is a sweep
 
-# the synthetic step loop: 40 steps of 0.1 s, a checkpoint every 5; its state is a hash chain
-# over the steps, so a step lost or applied twice changes the final hash
-SYNTH = ("+experiment=synthetic", "synthetic.steps=40", "synthetic.step_time_s=0.1", "checkpoint.every_steps=5")
+# the synthetic step loop: 40 steps of 0.25 s, a checkpoint every 5; its state is a hash chain
+# over the steps, so a step lost or applied twice changes the final hash. 10 s of steps: an
+# injector polling a loaded 2-core machine must still catch the job mid-run (4 s was missed in CI)
+SYNTH = ("+experiment=synthetic", "synthetic.steps=40", "synthetic.step_time_s=0.25", "checkpoint.every_steps=5")
 SYNTH_SWEEP = (
     "+experiment=synthetic",
     "synthetic.steps=30,40",
@@ -53,7 +54,7 @@ SYNTH_SWEEP = (
     "checkpoint.every_steps=5",
 )
 # 100 such steps: long enough that a node failure lands mid-run however slow the injection
-SYNTH_LONG = ("+experiment=synthetic", "synthetic.steps=100", "synthetic.step_time_s=0.1", "checkpoint.every_steps=5")
+SYNTH_LONG = ("+experiment=synthetic", "synthetic.steps=100", "synthetic.step_time_s=0.25", "checkpoint.every_steps=5")
 # the torch digits MLP: model, optimiser, scheduler, RNG and data order in the checkpoint
 DIGITS = ("+experiment=digits_mlp", "train.steps=300", "train.step_delay_s=0.05", "checkpoint.every_steps=50")
 
@@ -190,8 +191,9 @@ def preempt(run: Run) -> None:
         job = run.running(min_steps=run.steps_run() + 15)
         run.notes["preempted_after_steps"].append(run.steps_run())
         # a high-priority job that needs the whole node preempts (requeues) the low one
+        name = f"preempt-{run.dir.name}-{len(run.notes['preempted_after_steps'])}"
         argv = ["sbatch", "-p", "high", "-w", PREEMPT_NODE, "--exclusive", "--time=2", "-o", "/dev/null"]
-        slurm([*argv, "--wrap", "sleep 1"], run.env, retry_s=60)
+        submit_once([*argv, f"--job-name={name}", "--wrap", "sleep 1"], name, run.env)
         state = wait_for(
             lambda job=job: (st := run.squeue(job)[0]) not in ("RUNNING", "UNKNOWN") and (st or "ENDED"),
             "the preempted job to stop running",
@@ -199,6 +201,22 @@ def preempt(run: Run) -> None:
         )
         if state == "ENDED":  # no longer listed: it finished before the preemption landed
             raise InjectionError(f"job {job} finished before preemption {len(run.notes['preempted_after_steps'])}")
+
+
+def submit_once(argv: list[str], name: str, env: dict[str, str], retry_s: float = 60) -> None:
+    """sbatch through the slurmctld restart without submitting twice: an sbatch whose reply
+    the restart cut off may still have queued its job (seen in CI: one preemption too many),
+    so before each retry look for the job by its name."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+        if proc.returncode == 0:
+            return
+        if slurm(["squeue", "-h", "-n", name, "-o", "%i"], env, check=False).strip():
+            return  # queued after all
+        if time.monotonic() > deadline:
+            raise InjectionError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()}")
+        time.sleep(1)
 
 
 def check_preempted(run: Run, res: CaseResult) -> list[str]:
@@ -555,7 +573,7 @@ CASES: tuple[FaultCase, ...] = (
     FaultCase(
         "disk_full",
         "disk full during a checkpoint save",
-        SYNTH,
+        SYNTH_LONG,  # 10 s of steps: the injector must see it running before it ends, even under load
         Expect(state="FAILED", runs=1, cause="disk_full", recoverable=False),
         overrides=(KEEP_OFF, "checkpoint.dir={dir}/small-fs/ckpt"),
         inject=fill_disk,
