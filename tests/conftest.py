@@ -46,8 +46,8 @@ def slurm_conf() -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def _only_slurm_tests_see_the_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test not marked `slurm` runs as on a laptop: under xdist it runs beside the
-    cluster tests, and a job it submitted would change their accounting and nodes."""
+    """A test not marked `slurm` runs as on a laptop: it never submits to the shared test
+    cluster, where its jobs would change the cluster tests' accounting and nodes."""
     if request.node.get_closest_marker("slurm") is None:
         monkeypatch.delenv("SLURM_CONF", raising=False)
 
@@ -75,12 +75,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     if IN_CI and report.skipped and item.get_closest_marker("slurm") is not None:
         report.outcome = "failed"
         report.longrepr = f"slurm test skipped under CI=true, which is not allowed: {report.longrepr}"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """All `slurm` tests share one cluster (some preempt or stop its nodes): under xdist
-    they form one group, so they run one after another on one worker."""
-    del config
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("cluster"))
