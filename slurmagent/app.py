@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from slurmagent.config import JobSpec, RecoveryConf, job_spec, slurm_time_to_seconds
 from slurmagent.errors import ConfigError, SlurmAgentError, TaskFailedError
 from slurmagent.recovery.diagnose import Evidence
-from slurmagent.runtime.actions import request_requeue
+from slurmagent.runtime.actions import job_action, job_gate
 from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.loop import StopForRequeue, own_job_signals, release_job_signals, signal_number
@@ -200,7 +200,8 @@ def handle_stop(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf | 
         Evidence("runtime", 0, f"signals received: {names}; stop checkpoint at step {stop.step}"),
     ]
     cause = "time_limit" if why == "time_limit" else "signal"
-    outcome = request_requeue(ctx, reason_text, metrics, cause=cause, evidence=evidence)
+    action = job_action(ctx, "requeue", reason_text, "runtime", evidence=evidence, metrics=metrics, cause=cause)
+    outcome = job_gate(ctx).request(action)
     if outcome.executed:
         log.warning("stopped at step %d: %s", stop.step, reason_text)
     else:

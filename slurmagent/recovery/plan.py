@@ -54,6 +54,14 @@ def _fmt_mb(mb: int) -> str:
     return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
 
 
+def _grown(current: int, factor: float, cap: int | None) -> int | None:
+    """`current` × `factor`, at most `cap`; None when that is no more than `current`."""
+    new = int(max(current, 1) * factor)
+    if cap:
+        new = min(new, cap)
+    return new if new > current else None
+
+
 def _partition(spec: JobSpec, cluster: ClusterInfo | None) -> str | None:
     if cluster is None:
         return spec.resources.partition
@@ -140,9 +148,8 @@ def plan(
             largest = max(
                 (cluster.nodes[n].mem_mb for n in cluster.partitions[part].nodes if n in cluster.nodes), default=None
             )
-        wanted = int(max(current, 1) * MEM_FACTOR)
-        new = min(wanted, largest) if largest else wanted
-        if new <= current:
+        new = _grown(current, MEM_FACTOR, largest)
+        if new is None:
             return Stop(
                 f"{diagnosis.summary} It already asks for {res.mem}, the most a node of partition {part!r} "
                 "has; reduce the job's memory use (batch size, data loader workers)."
@@ -156,10 +163,8 @@ def plan(
     if diagnosis.cause == "time_limit":
         current_s = slurm_time_to_seconds(res.time)
         limit = cluster.partitions[part].max_time_s if cluster is not None and part in cluster.partitions else None
-        new_s = int(current_s * TIME_FACTOR)
-        if limit is not None:
-            new_s = min(new_s, limit)
-        if new_s <= current_s:
+        new_s = _grown(current_s, TIME_FACTOR, limit)
+        if new_s is None:
             return Stop(
                 f"{diagnosis.summary} It already asks for {res.time}, partition {part!r}'s limit; "
                 "checkpoint more often or use a partition with a longer limit."

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slurmagent.gate import Action, AuditLog, Gate, Outcome
+from slurmagent.gate import Action, AuditLog, Gate
 from slurmagent.recovery.diagnose import Evidence
 from slurmagent.runtime.context import JobContext
 from slurmagent.safety.executors import standalone_executors
@@ -17,36 +17,25 @@ def job_gate(ctx: JobContext) -> Gate:
     return Gate(AuditLog(sweep / "audit.jsonl"), standalone_executors(sweep), job=ctx.slurm_requeue_id or "")
 
 
-def request_requeue(
+def job_action(
     ctx: JobContext,
+    kind: str,
     reason: str,
-    metrics: dict[str, Any],
-    source: str = "runtime",
-    cause: str = "",
+    source: str,
+    *,
+    params: dict[str, Any] | None = None,
     evidence: list[Evidence] | None = None,
-) -> Outcome:
+    metrics: dict[str, Any] | None = None,
+    cause: str = "",
+) -> Action:
+    """An action on this job (its array-aware id), with the context the policy matches on."""
     assert ctx.slurm_requeue_id is not None
-    action = Action(
-        "requeue",
+    return Action(
+        kind,
         ctx.slurm_requeue_id,
         reason,
+        params=dict(params or {}),
         evidence=list(evidence or []),
-        metrics_before=metrics,
-        context={"attempt": ctx.attempt, "source": source, "cause": cause},
+        metrics_before=dict(metrics or {}),
+        context={"attempt": ctx.attempt, "source": source, **({"cause": cause} if cause else {})},
     )
-    return job_gate(ctx).request(action)
-
-
-def request_exclude(
-    ctx: JobContext, exclude: str, reason: str, source: str, evidence: list[Evidence] | None = None
-) -> Outcome:
-    assert ctx.slurm_requeue_id is not None
-    action = Action(
-        "exclude_node",
-        ctx.slurm_requeue_id,
-        reason,
-        params={"exclude": exclude, "node": ctx.node},
-        evidence=list(evidence or []),
-        context={"attempt": ctx.attempt, "source": source},
-    )
-    return job_gate(ctx).request(action)

@@ -107,7 +107,7 @@ def _dump(obj: Any, out: _HashingWriter) -> None:
     torch.save(obj, cast(IO[bytes], out))  # torch only calls write() and flush()
 
 
-class _Staging:
+class Staging:
     """CPU storages a snapshot copies tensors into, reused by the next snapshot once the
     write that read them is done: copying into memory already faulted in is several times
     faster than into fresh memory (bench/README.md). Holds one state's size of memory."""
@@ -167,7 +167,7 @@ def _plain_cpu(t: Any, torch: Any) -> bool:
     )
 
 
-def _prefill(state: Any, memo: dict[int, Any], torch: Any, staging: _Staging | None) -> None:
+def _prefill(state: Any, memo: dict[int, Any], torch: Any, staging: Staging | None) -> None:
     """Put CPU copies of the state's tensors into deepcopy's memo. Plain CPU tensors become
     views on copies of their storages, so tensors that shared a storage still share one;
     tensors on an accelerator are copied to CPU; other tensor kinds are left to torch's
@@ -189,7 +189,7 @@ def _prefill(state: Any, memo: dict[int, Any], torch: Any, staging: _Staging | N
             memo[id(obj)] = torch.empty(0, dtype=obj.dtype).set_(dst, obj.storage_offset(), obj.size(), obj.stride())
 
 
-def snapshot(state: Any, staging: _Staging | None = None) -> Any:
+def snapshot(state: Any, staging: Staging | None = None) -> Any:
     """A copy of `state` that later in-place updates cannot reach: a deep copy (a state
     dict's `_metadata` included), with tensors copied to CPU memory, shared storages kept
     shared. Saving it gives the same bytes as saving `state` (for CPU tensors)."""
@@ -239,7 +239,7 @@ class CheckpointManager:
         self.last_blocked_s: float = 0.0  # how long the last save call blocked its caller
         self.last_wait_s: float = 0.0  # of which waiting for the previous background write to finish
         self._pending: _Write | None = None
-        self._staging = _Staging()  # snapshot memory, reused from one background save to the next
+        self._staging = Staging()  # snapshot memory, reused from one background save to the next
 
     # -- manifest -------------------------------------------------------------
     def entries(self) -> list[CheckpointEntry]:

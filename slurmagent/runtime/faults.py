@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from slurmagent.errors import SlurmAgentError
+from slurmagent.runtime.checkpoint import Staging, snapshot
 from slurmagent.runtime.loop import Stateful
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,12 @@ class StepGuard:
     node: str | None = None  # this job's node, named in the suspect-GPU message
     events: list[str] = field(default_factory=list)  # what happened, for logs and tests
 
+    _staging: Staging = field(default_factory=Staging, repr=False)  # snapshot memory, reused every step
+
     def run(self, step: int, fn: Callable[[], R]) -> R:
-        snapshot = copy.deepcopy(self.state.state_dict())
+        # the same snapshot as a background checkpoint's: tensors copied into memory reused
+        # from the previous step, so the per-step cost is a copy, not an allocation
+        before = snapshot(self.state.state_dict(), self._staging)
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
             try:
@@ -69,7 +74,9 @@ class StepGuard:
                 if not is_cuda_error(exc):
                     raise
                 last = exc
-                self.state.load_state_dict(copy.deepcopy(snapshot))
+                # a private copy: an optimiser may keep the tensors it is given, and the
+                # staging memory is reused by the next step's snapshot
+                self.state.load_state_dict(copy.deepcopy(before))
                 msg = f"step {step}: {first_line(exc)} (try {attempt + 1} of {self.retries + 1})"
                 self.events.append(msg)
                 log.warning(msg)

@@ -117,7 +117,7 @@ def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
     actions from a CRITICAL health check. Recorded in health_stop.json. Elsewhere: nothing."""
     from slurmagent.errors import SlurmAgentError
     from slurmagent.recovery.diagnose import Evidence
-    from slurmagent.runtime.actions import request_exclude, request_requeue
+    from slurmagent.runtime.actions import job_action, job_gate
     from slurmagent.runtime.checkpoint import atomic_write
     from slurmagent.slurm.seam import SlurmCLI
 
@@ -126,20 +126,24 @@ def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
         return {}
     source = "health_check:CRITICAL"
     done: dict[str, Any] = {"requeued": False, "excluded": None}
+    path = ctx.output_dir / STOP_RECORD
+    record = json.loads(path.read_text()) if path.exists() else {}
+    evidence = [Evidence(str(path), 0, str(r)) for r in (record.get("reasons") or [])[:3]]
+    gate = job_gate(ctx)
     try:
         show = SlurmCLI(timeout=30).run(["scontrol", "show", "job", "-o", job])
         current = next((f.split("=", 1)[1] for f in show.split() if f.startswith("ExcNodeList=")), "(null)")
         why = f"health check CRITICAL on {ctx.node}: requeue from the checkpoint just written"
-        path = ctx.output_dir / STOP_RECORD
-        reasons = (json.loads(path.read_text()) if path.exists() else {}).get("reasons") or []
-        evidence = [Evidence(str(path), 0, str(r)) for r in reasons[:3]]
-        requeued = request_requeue(ctx, why, {"node": ctx.node}, source=source, cause="gpu_health", evidence=evidence)
+        requeue = job_action(
+            ctx, "requeue", why, source, evidence=evidence, metrics={"node": ctx.node}, cause="gpu_health"
+        )
+        requeued = gate.request(requeue)
         done["requeued"] = requeued.executed
         if requeued.executed:
             excluded = ",".join(x for x in (current if current != "(null)" else "", ctx.node) if x)
-            moved = request_exclude(
-                ctx, excluded, f"health check CRITICAL on {ctx.node}: run elsewhere", source, evidence
-            )
+            params = {"exclude": excluded, "node": ctx.node}
+            elsewhere = f"health check CRITICAL on {ctx.node}: run elsewhere"
+            moved = gate.request(job_action(ctx, "exclude_node", elsewhere, source, params=params, evidence=evidence))
             done["excluded"] = excluded if moved.executed else None
             if not moved.executed:
                 done["error"] = str(moved.result.get("error") or moved.decision.rule)
@@ -150,8 +154,6 @@ def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
     except SlurmAgentError as exc:
         done["error"] = str(exc)
         log.error("could not requeue %s away from %s: %s", job, ctx.node, exc)
-    path = ctx.output_dir / STOP_RECORD
-    record = json.loads(path.read_text()) if path.exists() else {}
     atomic_write(path, json.dumps({**record, **done}, default=str).encode())
     return done
 
