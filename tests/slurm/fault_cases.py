@@ -805,10 +805,15 @@ def summarize(run: Run, wall_s: float, rc: int | None, reference: dict[int, dict
 
 
 # ----------------------------------------------------------------------------- running
+def sweep_argv(sweep: Path, *overrides: str) -> list[str]:
+    """`python -m slurmagent -m OVERRIDES` into `sweep`, polling every 1-2 s (the cluster
+    tests' launcher command line)."""
+    return [sys.executable, "-m", "slurmagent", "-m", *overrides, f"hydra.sweep.dir={sweep}", *POLL]
+
+
 def launcher_argv(run: Run) -> list[str]:
     case = run.case
-    overrides = [o.replace("{dir}", str(run.dir)) for o in (*case.workload, *case.overrides)]
-    return [sys.executable, "-m", "slurmagent", "-m", *overrides, f"hydra.sweep.dir={run.sweep}", *POLL]
+    return sweep_argv(run.sweep, *(o.replace("{dir}", str(run.dir)) for o in (*case.workload, *case.overrides)))
 
 
 @dataclass

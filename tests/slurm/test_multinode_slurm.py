@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_cases import sweep_argv
 
 pytestmark = pytest.mark.slurm
 
@@ -21,17 +21,7 @@ DDP = ["+experiment=ddp_gloo", "ddp.steps=300", "checkpoint.every_steps=0"]  # o
 
 def sweep(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "slurmagent",
-            "-m",
-            *DDP,
-            *extra,
-            f"hydra.sweep.dir={tmp_path / name}",
-            "hydra.launcher.poll_interval_s=1",
-            "hydra.launcher.max_poll_interval_s=2",
-        ],
+        sweep_argv(tmp_path / name, *DDP, *extra),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -91,6 +91,19 @@ def hooks_installed(slurm_conf: str, tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["scontrol", "update", f"nodename={BAD_NODE}", "state=resume"], check=False, timeout=30)
 
 
+def runs_until_done(job: str, timeout: float = 120) -> list[list[str]]:
+    """[state, node list] of each run of `job` (sacct --duplicates), once the last one ended."""
+    deadline = time.monotonic() + timeout
+    rows: list[list[str]] = []
+    while time.monotonic() < deadline:
+        acct = slurm("sacct", "-n", "-X", "-D", "--parsable2", "-j", job, "-o", "State,NodeList")
+        rows = [ln.split("|") for ln in acct.splitlines() if ln]
+        if rows and rows[-1][0] in ("COMPLETED", "FAILED", "CANCELLED"):
+            break
+        time.sleep(1)
+    return rows
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="slurmd runs hooks as root; the test installs them as root")
 def test_critical_prolog_drains_node_and_job_completes_elsewhere(hooks_installed: Path, tmp_path: Path) -> None:
     script = tmp_path / "job.py"
@@ -110,14 +123,7 @@ def test_critical_prolog_drains_node_and_job_completes_elsewhere(hooks_installed
         str(script),
     )
     job = out.strip().split(";")[0]
-    deadline = time.monotonic() + 120
-    rows: list[list[str]] = []
-    while time.monotonic() < deadline:
-        acct = slurm("sacct", "-n", "-X", "-D", "--parsable2", "-j", job, "-o", "State,NodeList")
-        rows = [ln.split("|") for ln in acct.splitlines() if ln]
-        if rows and rows[-1][0] in ("COMPLETED", "FAILED", "CANCELLED"):
-            break
-        time.sleep(1)
+    rows = runs_until_done(job)
     # first run: allocated the bad node, Prolog failed, Slurm requeued; last run: completed elsewhere
     assert rows[0] == ["REQUEUED", BAD_NODE], rows
     assert rows[-1][0] == "COMPLETED" and rows[-1][1] != BAD_NODE, rows
@@ -199,14 +205,7 @@ def test_runtime_health_critical_checkpoints_and_requeues_onto_another_node(slur
         .strip()
         .split(";")[0]
     )
-    deadline = time.monotonic() + 120
-    rows: list[list[str]] = []
-    while time.monotonic() < deadline:
-        acct = slurm("sacct", "-n", "-X", "-D", "--parsable2", "-j", job, "-o", "State,NodeList")
-        rows = [ln.split("|") for ln in acct.splitlines() if ln]
-        if rows and rows[-1][0] in ("COMPLETED", "FAILED", "CANCELLED"):
-            break
-        time.sleep(1)
+    rows = runs_until_done(job)
     assert rows[0] == ["REQUEUED", BAD_NODE] and rows[-1][0] == "COMPLETED" and rows[-1][1] != BAD_NODE, rows
     stop = json.loads((out / "health_stop.json").read_text())
     assert stop["node"] == BAD_NODE and stop["status"] == "CRITICAL" and stop["requeued"] is True

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from fault_cases import sweep_argv
 
 pytestmark = pytest.mark.slurm
 
@@ -27,19 +27,13 @@ def expected_digest(steps: int) -> str:
 def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "slurmagent",
+        sweep_argv(
+            sweep,
             "+experiment=synthetic",
-            "-m",
             f"synthetic.steps={STEPS}",
             "synthetic.step_time_s=0.1",
             "checkpoint.every_steps=1000",
-            f"hydra.sweep.dir={sweep}",
-            "hydra.launcher.poll_interval_s=1",
-            "hydra.launcher.max_poll_interval_s=2",
-        ],
+        ),
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
