@@ -399,7 +399,7 @@ class DataConfigGenerator(TypedSkill[DataConfigInput]):
         total = sum(sp["samples"] for sp in cfg["data"]["splits"].values())
         findings = {"config": cfg, "image_stats": stats, "problems": s.problems, "samples": total}
         if inp.output is not None and not invalid and total:
-            from slurmagent.runtime.checkpoint import atomic_write
+            from slurmagent.files import atomic_write
 
             inp.output.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(inp.output, to_yaml(cfg).encode())

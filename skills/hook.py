@@ -133,7 +133,7 @@ def run_checks(conf: HookConfig, mode: str, node: str, env: dict[str, str]) -> t
 
 
 def record(conf: HookConfig, node: str, mode: str, job: str | None, result: SkillResult, action: str) -> Path:
-    from slurmagent.runtime.checkpoint import atomic_write
+    from slurmagent.files import atomic_write
 
     folder = Path(conf.state_dir) / node
     folder.mkdir(parents=True, exist_ok=True, mode=0o755)

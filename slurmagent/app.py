@@ -20,13 +20,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from slurmagent.config import JobSpec, RecoveryConf, job_spec, slurm_time_to_seconds
+from slurmagent.config import JobSpec, RecoveryConf, job_spec
 from slurmagent.errors import ConfigError, SlurmAgentError, TaskFailedError
-from slurmagent.recovery.diagnose import Evidence
+from slurmagent.files import atomic_write
+from slurmagent.records import Evidence
 from slurmagent.runtime.actions import job_action, job_gate
-from slurmagent.runtime.checkpoint import atomic_write
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.loop import StopForRequeue, own_job_signals, release_job_signals, signal_number
+from slurmagent.slurm.syntax import parse_time_limit
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +134,6 @@ def classify_stop(signals: tuple[int, ...], state: str, time_left_s: int | None,
     return "signal"
 
 
-def parse_time_left(text: str) -> int | None:
-    try:
-        return slurm_time_to_seconds(text.strip())
-    except ConfigError:
-        return None  # UNLIMITED, NOT_SET, INVALID
-
-
 TIME_LIMIT_FILE = ".slurmagent-time-limit-requeues.json"
 
 
@@ -174,7 +168,7 @@ def handle_stop(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf | 
         state, reason, left = [*out.strip().split("|"), "", "", ""][:3]
     except SlurmAgentError:
         state, reason, left = "", "", ""
-    why = classify_stop(stop.signals, state, parse_time_left(left), recovery.signal_delay_s)
+    why = classify_stop(stop.signals, state, parse_time_limit(left), recovery.signal_delay_s)
     if why == "ending":
         log.warning(
             "stopped at step %d: Slurm is ending this job (state %s, reason %s); it requeues preempted jobs itself",

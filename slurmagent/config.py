@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from slurmagent.errors import ConfigError, choices
+from slurmagent.slurm.syntax import mem_to_mb, slurm_time_to_seconds
 
 CLUSTER_CHOICES = ("auto", "slurm", "local")
 
@@ -131,59 +132,6 @@ def parse_conf(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}={value!r} has the wrong type; expected {_type_name(hints[key])}")
     return cls(**data)
-
-
-_MEM_RE = re.compile(r"^(\d+(?:\.\d+)?)([KMGT]?)B?$", re.IGNORECASE)
-_MEM_FACTOR = {"": 1.0, "K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
-
-
-def mem_to_mb(text: str) -> int:
-    """Slurm memory size ('500M', '4G', '2048' = MB) → megabytes."""
-    m = _MEM_RE.match(text.strip())
-    if not m:
-        raise ConfigError(f"memory size {text!r} is not Slurm syntax; use e.g. 500M, 4G or a number of megabytes")
-    return int(float(m.group(1)) * _MEM_FACTOR[m.group(2).upper()])
-
-
-def slurm_time_to_seconds(text: str) -> int:
-    """Slurm time syntax → seconds: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
-    t = text.strip()
-    try:
-        days = 0
-        if "-" in t:
-            d, t = t.split("-", 1)
-            days = int(d)
-            parts = [int(p) for p in t.split(":")]
-            while len(parts) < 3:
-                parts.append(0)
-            h, m, s = parts
-        else:
-            parts = [int(p) for p in t.split(":")]
-            if len(parts) == 1:
-                h, m, s = 0, parts[0], 0
-            elif len(parts) == 2:
-                h, m, s = 0, parts[0], parts[1]
-            elif len(parts) == 3:
-                h, m, s = parts
-            else:
-                raise ValueError(t)
-    except ValueError:
-        raise ConfigError(
-            f"time {text!r} is not Slurm syntax; use minutes, HH:MM:SS or D-HH:MM:SS (e.g. 30, 02:00:00, 1-00:00:00)"
-        ) from None
-    if min(days, h, m, s) < 0:
-        raise ConfigError(f"time {text!r} is negative")
-    return ((days * 24 + h) * 60 + m) * 60 + s
-
-
-def seconds_to_slurm_time(seconds: int | None) -> str:
-    """Seconds → Slurm time syntax (HH:MM:SS, or D-HH:MM:SS past a day); None → "infinite"."""
-    if seconds is None:
-        return "infinite"
-    d, rem = divmod(seconds, 86400)
-    h, rem = divmod(rem, 3600)
-    m, s = divmod(rem, 60)
-    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
 def validate_resources(res: ResourcesConf) -> None:

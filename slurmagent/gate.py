@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.errors import SlurmAgentError
+from slurmagent.records import ACTION_KINDS, Action, Decision
 from slurmagent.safety.approvals import ApprovalStore
 from slurmagent.safety.audit import GENESIS, AuditLog, record_hash
 from slurmagent.safety.executors import Executor
 from slurmagent.safety.paths import approvals_dir, current_user, user_audit_path
 from slurmagent.safety.policy import Policy, RulePolicy, resolve_policy
-from slurmagent.safety.records import ACTION_KINDS, Action, Decision
 from slurmagent.safety.switch import describe, paused
 
 __all__ = [

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from slurmagent import __version__
 from slurmagent.config import JobSpec, job_spec
 from slurmagent.errors import ConfigError
-from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.files import atomic_write
 from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
 
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")

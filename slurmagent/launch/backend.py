@@ -8,10 +8,11 @@ from typing import Any
 
 import submitit
 
-from slurmagent.config import JobSpec, LauncherConf, slurm_time_to_seconds
+from slurmagent.config import JobSpec, LauncherConf
 from slurmagent.errors import SlurmUnavailableError
-from slurmagent.slurm.sbatch import sbatch_flags, time_to_minutes
+from slurmagent.slurm.sbatch import sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.slurm.syntax import slurm_time_to_seconds, time_to_minutes
 
 SUBMITIT_NAMED = {
     "partition",

@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.files import atomic_write
 from slurmagent.runtime.context import ENV_PREFIX
 
 

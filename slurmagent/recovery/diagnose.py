@@ -12,12 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Evidence:
-    source: str  # file the line came from (or "slurm" for accounting)
-    line: int  # 1-based line number (0 for accounting)
-    text: str  # the line itself
+from slurmagent.records import Evidence
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from slurmagent.config import JobSpec, ResourcesConf, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
+from slurmagent.config import JobSpec, ResourcesConf
 from slurmagent.recovery.diagnose import Diagnosis
 from slurmagent.slurm.cluster import ClusterInfo
+from slurmagent.slurm.syntax import format_mb, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds, split_hostlist
 
 MEM_FACTOR = 1.5  # host OOM: ask for this much more memory, up to the largest node's
 TIME_FACTOR = 2.0  # time limit: ask for this much more time, up to the partition's limit
@@ -50,10 +51,6 @@ class Stop:
     reason: str  # the one clear sentence the task ends with
 
 
-def _fmt_mb(mb: int) -> str:
-    return f"{mb // 1024}G" if mb % 1024 == 0 else f"{mb}M"
-
-
 def _grown(current: int, factor: float, cap: int | None) -> int | None:
     """`current` × `factor`, at most `cap`; None when that is no more than `current`."""
     new = int(max(current, 1) * factor)
@@ -66,20 +63,6 @@ def _partition(spec: JobSpec, cluster: ClusterInfo | None) -> str | None:
     if cluster is None:
         return spec.resources.partition
     return spec.resources.partition or cluster.default_partition
-
-
-def split_hostlist(text: str | None) -> list[str]:
-    """`a100-1,t4-[1,2]` → ['a100-1', 't4-[1,2]']: commas inside brackets stay."""
-    parts, depth, cur = [], 0, ""
-    for ch in text or "":
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return [p.strip() for p in parts if p.strip() and p.strip() not in ("None", "(null)")]
 
 
 def _add_exclude(current: str | None, nodes: str) -> str:
@@ -154,7 +137,7 @@ def plan(
                 f"{diagnosis.summary} It already asks for {res.mem}, the most a node of partition {part!r} "
                 "has; reduce the job's memory use (batch size, data loader workers)."
             )
-        new_mem = _fmt_mb(new)
+        new_mem = format_mb(new)
         return Resubmit(
             dataclasses.replace(res, mem=new_mem),
             f"host OOM at --mem={res.mem}: resubmit with --mem={new_mem}",

@@ -9,7 +9,7 @@ The torch helper (`slurmagent.runtime.torch_state`) is imported on demand, so th
 package works without torch.
 """
 
-from slurmagent.runtime.checkpoint import CheckpointEntry, CheckpointManager, atomic_write
+from slurmagent.runtime.checkpoint import CheckpointEntry, CheckpointManager
 from slurmagent.runtime.context import JobContext, context_from_env, current, set_current
 from slurmagent.runtime.loop import Stateful, StepLoop, StopFlag, StopForRequeue
 
@@ -21,7 +21,6 @@ __all__ = [
     "StepLoop",
     "StopFlag",
     "StopForRequeue",
-    "atomic_write",
     "context_from_env",
     "current",
     "set_current",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from slurmagent.gate import Action, AuditLog, Gate
-from slurmagent.recovery.diagnose import Evidence
+from slurmagent.records import ActionKind, Evidence
 from slurmagent.runtime.context import JobContext
 from slurmagent.safety.executors import standalone_executors
 
@@ -19,7 +19,7 @@ def job_gate(ctx: JobContext) -> Gate:
 
 def job_action(
     ctx: JobContext,
-    kind: str,
+    kind: ActionKind,
     reason: str,
     source: str,
     *,

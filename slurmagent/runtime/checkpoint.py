@@ -25,12 +25,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
 
 from slurmagent.errors import CheckpointError
+from slurmagent.files import atomic_file, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -44,37 +44,6 @@ class CheckpointEntry:
     time: float  # unix time of the save
     sha256: str  # checksum of the file's bytes
     bytes: int  # file size
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def _atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A file to write `path` through: a temp file in the same directory, fsync'ed and
-    renamed into place when the block ends; removed if the block raises."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` atomically: temp file in the same directory, fsync, rename."""
-    with _atomic_file(path) as fh:
-        fh.write(data)
 
 
 class _HashingWriter:
@@ -344,7 +313,7 @@ class CheckpointManager:
         self.dir.mkdir(parents=True, exist_ok=True)
         name = f"step_{step:010d}.ckpt"
         try:
-            with _atomic_file(self.dir / name) as fh:
+            with atomic_file(self.dir / name) as fh:
                 out = _HashingWriter(fh)
                 _dump(state, out)
         except OSError as exc:

@@ -99,7 +99,7 @@ class HealthMonitor:
                 fh.write(json.dumps(record, default=str) + "\n")
         if result.status.name != "CRITICAL" or not self.conf.stop_on_critical:
             return False
-        from slurmagent.runtime.checkpoint import atomic_write
+        from slurmagent.files import atomic_write
 
         # every rank that sees its GPU fail writes it: the supervisor reads the node from here
         atomic_write(
@@ -116,9 +116,9 @@ def requeue_elsewhere(ctx: JobContext) -> dict[str, Any]:
     is pending again, hence the order) — both through the action gate, as automated
     actions from a CRITICAL health check. Recorded in health_stop.json. Elsewhere: nothing."""
     from slurmagent.errors import SlurmAgentError
-    from slurmagent.recovery.diagnose import Evidence
+    from slurmagent.files import atomic_write
+    from slurmagent.records import Evidence
     from slurmagent.runtime.actions import job_action, job_gate
-    from slurmagent.runtime.checkpoint import atomic_write
     from slurmagent.slurm.seam import SlurmCLI
 
     job = ctx.slurm_requeue_id

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.errors import ApprovalError, choices
+from slurmagent.records import APPROVAL_STATES, Action, ApprovalState, Decision
 from slurmagent.safety.paths import current_user
-from slurmagent.safety.records import Action, Decision
 
 SHARED_DIR_MODE = 0o1777
-STATES = ("pending", "approved", "rejected", "expired", "executed", "failed")
+STATES = APPROVAL_STATES
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Vote:
 @dataclass(frozen=True)
 class Status:
     request: Request
-    state: str  # one of STATES
+    state: ApprovalState  # one of STATES
     approvers: list[str] = field(default_factory=list)
     rejecters: list[str] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)  # ID.done: ok, result, by, time
@@ -148,8 +148,8 @@ class ApprovalStore:
                 result = json.loads(done_path.read_text())
             except ValueError:
                 result = {"ok": False, "error": "unreadable result"}
-            state = "executed" if result.get("ok") else "failed"
-            return Status(req, state, approvers, rejecters, result)
+            return Status(req, "executed" if result.get("ok") else "failed", approvers, rejecters, result)
+        state: ApprovalState
         if rejecters:
             state = "rejected"
         elif len(approvers) >= req.approvals:

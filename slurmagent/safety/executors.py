@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.errors import SlurmAgentError
-from slurmagent.safety.records import Action
+from slurmagent.records import Action
 from slurmagent.slurm.seam import SlurmCLI
 
 Executor = Callable[[Action], dict[str, Any]]

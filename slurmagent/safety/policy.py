@@ -13,14 +13,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slurmagent.config import parse_conf
 from slurmagent.errors import ConfigError, PolicyError, choices
-from slurmagent.safety.records import ACTION_KINDS, VERDICTS, Action, Decision
+from slurmagent.records import ACTION_KINDS, VERDICTS, Action, Decision, Verdict
 
 DEFAULT_POLICY = "default"
 
@@ -65,7 +65,7 @@ class When:
 class Rule:
     name: str
     action: str  # an action kind, or "*" for any
-    decision: str  # allow | needs_approval | deny
+    decision: Verdict  # allow | needs_approval | deny
     approvals: int = 0  # distinct approvers (not the requester) when decision is needs_approval
     when: When = field(default_factory=When)
 
@@ -124,7 +124,13 @@ def parse_policy(raw: Any, source: str) -> RulePolicy:
             if rc.decision != "needs_approval" and rc.approvals:
                 raise PolicyError(f"{where}.approvals={rc.approvals} is only meaningful with needs_approval")
             rules.append(
-                Rule(rc.name, rc.action, rc.decision, rc.approvals, parse_conf(When, rc.when, f"{where}.when"))
+                Rule(
+                    rc.name,
+                    rc.action,
+                    cast(Verdict, rc.decision),
+                    rc.approvals,
+                    parse_conf(When, rc.when, f"{where}.when"),
+                )
             )
     except PolicyError:
         raise

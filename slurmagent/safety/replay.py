@@ -13,9 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmagent.errors import SlurmAgentError
+from slurmagent.records import Action, Decision
 from slurmagent.safety.paths import SWEEP_HISTORY
 from slurmagent.safety.policy import Policy
-from slurmagent.safety.records import Action, Decision
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.files import atomic_write
 from slurmagent.safety.paths import PAUSE_FILE, current_user, state_dir
 
 

@@ -1,16 +1,6 @@
-"""Everything that talks to Slurm: the command seam, cluster facts, sbatch flags."""
+"""Everything that talks to Slurm: the one seam (`seam.py`: named verbs, argv only), its
+in-memory stand-in for fast tests (`fake.py`), Slurm's value syntax (`syntax.py`), cluster
+facts and fit checks (`cluster.py`) and the sbatch flags (`sbatch.py`).
 
-from slurmagent.slurm.cluster import ClusterInfo, NodeInfo, PartitionInfo, check_fits
-from slurmagent.slurm.sbatch import SBATCH_EXTRA_OPTIONS, sbatch_flags
-from slurmagent.slurm.seam import SlurmCLI, TaskStatus
-
-__all__ = [
-    "SBATCH_EXTRA_OPTIONS",
-    "ClusterInfo",
-    "NodeInfo",
-    "PartitionInfo",
-    "SlurmCLI",
-    "TaskStatus",
-    "check_fits",
-    "sbatch_flags",
-]
+Import the module you need (`from slurmagent.slurm.seam import SlurmCLI`): this package
+imports nothing itself, so the pure syntax module stays importable from the config layer."""

@@ -6,12 +6,18 @@ before anything is submitted, naming the key and the valid values.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from slurmagent.config import ResourcesConf, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
+from slurmagent.config import ResourcesConf
 from slurmagent.errors import ConfigError, choices
 from slurmagent.slurm.seam import SlurmCLI, parse_scontrol_config
+from slurmagent.slurm.syntax import (
+    mem_to_mb,
+    parse_gres,
+    parse_time_limit,
+    seconds_to_slurm_time,
+    slurm_time_to_seconds,
+)
 
 
 @dataclass(frozen=True)
@@ -51,26 +57,6 @@ class ClusterInfo:
         parts_out = slurm.run(["sinfo", "-h", "-o", "%R|%l|%P"])
         config = parse_scontrol_config(slurm.run(["scontrol", "show", "config"]))
         return parse_cluster(nodes_out, parts_out, config)
-
-
-_GRES_RE = re.compile(r"gpu(?::([\w.-]+))?:(\d+)")
-
-
-def parse_gres(text: str) -> dict[str, int]:
-    """`gpu:a100:2(S:0-1),gpu:t4:1` → {'a100': 2, 't4': 1}; `gpu:2` → {'': 2}."""
-    gpus: dict[str, int] = {}
-    for item in re.sub(r"\([^)]*\)", "", text).split(","):
-        m = _GRES_RE.fullmatch(item.strip())
-        if m:
-            gpus[m.group(1) or ""] = gpus.get(m.group(1) or "", 0) + int(m.group(2))
-    return gpus
-
-
-def parse_time_limit(text: str) -> int | None:
-    t = text.strip().lower()
-    if t in ("infinite", "unlimited", "n/a", ""):
-        return None
-    return slurm_time_to_seconds(t)
 
 
 def parse_cluster(nodes_out: str, parts_out: str, config: dict[str, str]) -> ClusterInfo:

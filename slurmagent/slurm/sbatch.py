@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from slurmagent.config import RecoveryConf, ResourcesConf, slurm_time_to_seconds
+from slurmagent.config import RecoveryConf, ResourcesConf
 from slurmagent.errors import ConfigError, choices
 
 # sbatch long options that `resources.extra` may set. Options that ResourcesConf owns
@@ -71,11 +71,6 @@ OWNED = (
     "error",
     "job-name",
 )
-
-
-def time_to_minutes(text: str) -> int:
-    """Slurm time → whole minutes (rounded up), the unit submitit takes."""
-    return -(-slurm_time_to_seconds(text) // 60)
 
 
 def gres_string(res: ResourcesConf) -> str | None:

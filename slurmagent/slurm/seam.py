@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
+from slurmagent.slurm.syntax import expand_array_id
 
 ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo"})
 
@@ -158,19 +159,3 @@ def parse_sacct(text: str) -> dict[str, TaskStatus]:
         if st is not None and st.state == "FAILED":
             result[jid] = dataclasses.replace(st, state=cause)
     return result
-
-
-def expand_array_id(job_id: str) -> list[str]:
-    """`123_[0-3,7%2]` → ['123_0', …, '123_3', '123_7']; other ids unchanged."""
-    if "_[" not in job_id:
-        return [job_id]
-    base, _, rng = job_id.partition("_[")
-    rng = rng.rstrip("]").split("%")[0]
-    ids: list[str] = []
-    for part in rng.split(","):
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            ids.extend(f"{base}_{i}" for i in range(int(lo), int(hi) + 1))
-        elif part:
-            ids.append(f"{base}_{part}")
-    return ids

@@ -14,16 +14,18 @@ from typing import Any
 
 from slurmagent.config import JobSpec, LauncherConf, ResourcesConf, job_spec, parse_conf
 from slurmagent.errors import SlurmAgentError
+from slurmagent.files import atomic_write
 from slurmagent.gate import Action, AuditLog, Decision, Gate
-from slurmagent.recovery.diagnose import Diagnosis, Evidence, diagnose
-from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan, split_hostlist
-from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.records import Evidence
+from slurmagent.recovery.diagnose import Diagnosis, diagnose
+from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.paths import SWEEP_AUDIT, SWEEP_HISTORY
 from slurmagent.safety.policy import resolve_policy
 from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
+from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 
 log = logging.getLogger(__name__)

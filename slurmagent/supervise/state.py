@@ -16,7 +16,7 @@ from typing import Any
 from filelock import FileLock
 
 from slurmagent.errors import SweepStateError
-from slurmagent.runtime.checkpoint import atomic_write
+from slurmagent.files import atomic_write
 from slurmagent.slurm.seam import TERMINAL_STATES
 
 STATE_FILE = "sweep.json"

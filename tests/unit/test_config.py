@@ -6,12 +6,11 @@ from slurmagent.config import (
     CheckpointConf,
     ResourcesConf,
     job_spec,
-    mem_to_mb,
     parse_conf,
-    slurm_time_to_seconds,
 )
 from slurmagent.errors import ConfigError
-from slurmagent.slurm.sbatch import sbatch_flags, signal_flag, time_to_minutes
+from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
+from slurmagent.slurm.syntax import mem_to_mb, slurm_time_to_seconds, time_to_minutes
 
 BASE = {"task": {"target": "slurmagent.examples.synthetic:run"}}
 

@@ -17,9 +17,10 @@ import pytest
 from slurmagent.config import ResourcesConf, job_spec
 from slurmagent.errors import CheckpointError
 from slurmagent.recovery import Resubmit, diagnose, plan
-from slurmagent.recovery.plan import exclude_nodes, split_hostlist
+from slurmagent.recovery.plan import exclude_nodes
 from slurmagent.runtime.checkpoint import MANIFEST, CheckpointManager
 from slurmagent.slurm.seam import SlurmCLI, parse_sacct
+from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 

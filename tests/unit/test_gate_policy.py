@@ -12,7 +12,7 @@ import pytest
 
 from slurmagent.errors import ApprovalError, PolicyError
 from slurmagent.gate import Action, AuditLog, Gate
-from slurmagent.recovery.diagnose import Evidence
+from slurmagent.records import Evidence
 from slurmagent.safety.audit import verify
 from slurmagent.safety.policy import load_policy, policy_names, resolve_policy
 from slurmagent.safety.switch import pause, paused, resume

@@ -9,8 +9,8 @@ import pytest
 
 from slurmagent.config import JobSpec, job_spec
 from slurmagent.gate import Action, AuditLog, Gate
+from slurmagent.records import Evidence
 from slurmagent.recovery import Resubmit, Stop, diagnose, plan
-from slurmagent.recovery.diagnose import Evidence
 from slurmagent.slurm.cluster import parse_cluster
 from slurmagent.slurm.seam import parse_scontrol_config
 

@@ -1,20 +1,49 @@
-"""Typed records of the action gate: what an automated action is and what was decided."""
+"""Neutral records shared by every layer: the evidence behind a decision, the automated
+actions the gate may run and its decisions. Closed sets are `Literal` types, checked when a
+record is built from outside data."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from slurmagent.errors import SlurmAgentError, choices
-from slurmagent.recovery.diagnose import Evidence
 
-ACTION_KINDS = ("requeue", "resubmit", "exclude_node", "cancel", "drain_node", "delete_checkpoint")
-VERDICTS = ("allow", "needs_approval", "deny")
+__all__ = [
+    "ACTION_KINDS",
+    "APPROVAL_STATES",
+    "VERDICTS",
+    "Action",
+    "ActionKind",
+    "ApprovalState",
+    "Decision",
+    "DecisionVerdict",
+    "Evidence",
+    "Verdict",
+]
+
+ActionKind = Literal["requeue", "resubmit", "exclude_node", "cancel", "drain_node", "delete_checkpoint"]
+ACTION_KINDS: tuple[str, ...] = get_args(ActionKind)
+# what a policy rule may decide
+Verdict = Literal["allow", "needs_approval", "deny"]
+VERDICTS: tuple[str, ...] = get_args(Verdict)
+# where a request for approval stands
+ApprovalState = Literal["pending", "approved", "rejected", "expired", "executed", "failed"]
+APPROVAL_STATES: tuple[str, ...] = get_args(ApprovalState)
+# what a decision may say: a policy verdict, the kill switch's hold, or an approval's state
+DecisionVerdict = Verdict | Literal["held"] | ApprovalState
+
+
+@dataclass(frozen=True)
+class Evidence:
+    source: str  # file the line came from (or "slurm" for accounting)
+    line: int  # 1-based line number (0 for accounting)
+    text: str  # the line itself
 
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # one of ACTION_KINDS
+    kind: ActionKind  # what to do
     target: str  # job id, array task id, node or path
     reason: str  # one sentence: why
     params: dict[str, Any] = field(default_factory=dict)  # e.g. the new resources of a resubmission
@@ -33,7 +62,7 @@ class Action:
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Action:
         return cls(
-            kind=str(raw["kind"]),
+            kind=raw["kind"],
             target=str(raw["target"]),
             reason=str(raw.get("reason", "")),
             params=dict(raw.get("params") or {}),
@@ -45,6 +74,6 @@ class Action:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: str  # "allow", "needs_approval", "deny" — or "held" while the kill switch is on
+    verdict: DecisionVerdict  # a policy verdict, "held" while the kill switch is on, or an approval's state
     rule: str  # which rule of the policy decided (or why the action was held)
     approvals: int = 0  # distinct approvers needed when verdict == "needs_approval"
