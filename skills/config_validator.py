@@ -171,7 +171,7 @@ def check_rules(cfg: Mapping[str, Any], rules: Iterable[Mapping[str, Any]]) -> l
 
 # -- 3: memory -------------------------------------------------------------------------------------
 def _resolve(ref: str) -> Callable[..., Any]:
-    from slurmagent.app import resolve_target
+    from slurmagent.config import resolve_target
 
     return resolve_target(ref)
 

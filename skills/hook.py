@@ -29,6 +29,7 @@ from typing import Any
 
 from slurmagent.errors import ConfigError, SlurmAgentError, choices
 from slurmagent.skills._base import SkillResult, Status, worst
+from slurmagent.slurm.seam import SlurmCLI
 
 REASON_PREFIX = "slurmagent:"
 MODES = ("prolog", "epilog", "healthcheck")
@@ -70,13 +71,6 @@ def load_hook_config(path: Path) -> HookConfig:
     for f in [*conf.readings.values(), *([conf.thresholds] if conf.thresholds else [])]:
         _safe_root_file(Path(f))
     return conf
-
-
-def node_reason(slurm: Any, node: str) -> tuple[str, str]:
-    """(state, reason) of a node from sinfo."""
-    out = slurm.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"], check=False).strip().splitlines()
-    state, _, reason = (out[0] if out else "|").partition("|")
-    return state.strip(), reason.strip()
 
 
 def drain_reason(result: SkillResult) -> str:
@@ -142,9 +136,7 @@ def record(conf: HookConfig, node: str, mode: str, job: str | None, result: Skil
     return path
 
 
-def hook_main(mode: str, conf: HookConfig, env: dict[str, str], slurm: Any = None) -> int:
-    from slurmagent.slurm.seam import SlurmCLI
-
+def hook_main(mode: str, conf: HookConfig, env: dict[str, str], slurm: SlurmCLI | None = None) -> int:
     if mode not in MODES:
         raise ConfigError(f"hook mode {mode!r} is not one of {choices(MODES)}")
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
@@ -153,12 +145,12 @@ def hook_main(mode: str, conf: HookConfig, env: dict[str, str], slurm: Any = Non
     action = "none"
     if result.status == Status.CRITICAL:
         reason = drain_reason(result)
-        slurm.run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
+        slurm.drain(node, reason)
         action = f"drained: {reason}"
     elif mode == "healthcheck" and result.status == Status.OK and conf.clear_when_ok:
-        state, reason = node_reason(slurm, node)
+        state, reason = slurm.node_state(node)
         if "drain" in state.lower() and reason.startswith(REASON_PREFIX):
-            slurm.run(["scontrol", "update", f"nodename={node}", "state=resume"])
+            slurm.resume(node)
             action = f"resumed (was: {reason})"
     record(conf, node, mode, env.get("SLURM_JOB_ID"), result, action)
     if last_seq is not None:
@@ -170,12 +162,10 @@ def hook_main(mode: str, conf: HookConfig, env: dict[str, str], slurm: Any = Non
 
 def timeout_main(mode: str, conf: HookConfig, env: dict[str, str]) -> int:
     """The check itself hung past timeout_s (NVML stuck on a GPU that fell off the bus)."""
-    from slurmagent.slurm.seam import SlurmCLI
-
     node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     result = SkillResult("slurmagent_hook", Status.CRITICAL, [f"health check timed out after {conf.timeout_s:.0f}s"])
     reason = drain_reason(result)
-    SlurmCLI(timeout=20).run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"])
+    SlurmCLI(timeout=20).drain(node, reason)
     record(conf, node, mode, env.get("SLURM_JOB_ID"), result, f"drained: {reason}")
     return 1 if mode in ("prolog", "epilog") else 0
 

@@ -27,14 +27,14 @@ def _hydra(argv: list[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from slurmagent.app import run_task
+    from slurmagent.job.task import run_task
 
     # let exceptions reach us, so bad input ends in one clear line instead of a traceback
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     # Hydra's argparse stops at a flag between overrides (`+experiment=x -m a=1,2`): put the
     # flags first, keeping their values, so that both orders work as users expect
     sys.argv = [sys.argv[0] if sys.argv else "slurmagent", *hoist_flags(argv)]
-    main = hydra.main(version_base="1.3", config_path="conf", config_name="config")(run_task)
+    main = hydra.main(version_base="1.3", config_path="pkg://slurmagent.conf", config_name="config")(run_task)
     try:
         main()
     except SlurmAgentError as exc:
@@ -96,11 +96,12 @@ def hoist_flags(argv: list[str]) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from slurmagent.launch.backend import SubmititResubmitter
     from slurmagent.supervise.state import SweepStore
     from slurmagent.supervise.supervisor import Supervisor, sweep_table
 
     if args.refresh:
-        Supervisor(args.sweep_dir).poll_once()
+        Supervisor(args.sweep_dir, resubmit=SubmititResubmitter()).poll_once()
     state = SweepStore(args.sweep_dir).load()
     if args.json:
         out = {
@@ -131,9 +132,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from slurmagent.launch.backend import SubmititResubmitter
     from slurmagent.supervise.supervisor import Supervisor, sweep_table
 
-    sup = Supervisor(args.sweep_dir, poll_interval_s=args.interval)
+    sup = Supervisor(args.sweep_dir, poll_interval_s=args.interval, resubmit=SubmititResubmitter())
     state = sup.wait(timeout_s=args.timeout)
     Console().print(sweep_table(state))
     if not state.done:
@@ -202,9 +204,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"slurmagent: error: Slurm accounting knows no job {target}", file=sys.stderr)
             return EXIT_BAD_INPUT
         logs: dict[str, str] = {}
-        show = slurm.run(["scontrol", "show", "job", "-o", target], check=False)
-        for field in show.split():
-            key, _, value = field.partition("=")
+        for key, value in slurm.job_fields(target).items():
             if key in ("StdErr", "StdOut") and value:
                 # the batch log, and beside it the job steps' logs (submitit: <id>_<rank>_log.err)
                 for path in {Path(value), *Path(value).parent.glob(f"{target}_*log.*")}:

@@ -11,14 +11,16 @@ import dataclasses
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from slurmagent.errors import ConfigError, choices
 from slurmagent.slurm.syntax import mem_to_mb, slurm_time_to_seconds
 
-CLUSTER_CHOICES = ("auto", "slurm", "local")
+ClusterChoice = Literal["auto", "slurm", "local"]  # where jobs run; auto = Slurm when its commands answer
+CLUSTER_CHOICES: tuple[str, ...] = typing.get_args(ClusterChoice)
+Backend = Literal["slurm", "local", "none"]  # where a job runs now ("none": plain python, no launcher)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,17 @@ class TaskConf:
 
     target: str | None = None  # "package.module:function", called with the job's config
     command: list[str] | None = None  # argv of a program run as a child process (no shell)
+
+
+@dataclass(frozen=True)
+class HealthConf:
+    """Health checks while the job runs: a skill run at step boundaries every `interval_s`;
+    on CRITICAL the job checkpoints and moves off the node."""
+
+    interval_s: float = 0.0  # seconds between checks; 0 = off
+    skill: str = "gpu_health_check"  # registered skill to run
+    inputs: dict[str, Any] = field(default_factory=dict)  # the skill's inputs (e.g. readings_file, gpus)
+    stop_on_critical: bool = True  # checkpoint, requeue and exclude this node on CRITICAL
 
 
 @dataclass(frozen=True)
@@ -184,15 +197,37 @@ def validate_recovery(rc: RecoveryConf) -> None:
         raise ConfigError(f"recovery.kill_wait_s={rc.kill_wait_s} must be positive (or null: ask Slurm)")
 
 
+def validate_health(hc: HealthConf) -> None:
+    if hc.interval_s < 0:
+        raise ConfigError(f"health.interval_s={hc.interval_s} must be 0 (off) or positive")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One task of a sweep, parsed and validated: what the launcher submits."""
 
-    cluster: str
+    cluster: ClusterChoice
     resources: ResourcesConf
     checkpoint: CheckpointConf
     recovery: RecoveryConf
     task: TaskConf
+    health: HealthConf = field(default_factory=HealthConf)
+
+
+# The config groups a job spec is made of, in one place: `spec_dict` takes them from a
+# composed config, the sweeper knows overrides under them can change a spec.
+SPEC_GROUPS = ("cluster", "resources", "checkpoint", "recovery", "task", "health")
+
+
+def spec_dict(cfg: Any) -> dict[str, Any]:
+    """The job-spec groups of a composed Hydra config, as plain data (for `job_spec`)."""
+    from omegaconf import OmegaConf
+
+    return {
+        k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
+        for k in SPEC_GROUPS
+        if k in cfg
+    }
 
 
 def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
@@ -203,17 +238,19 @@ def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
     if cluster not in CLUSTER_CHOICES:
         raise ConfigError(f"cluster={cluster!r} is not one of {choices(CLUSTER_CHOICES)}")
     spec = JobSpec(
-        cluster=str(cluster),
+        cluster=cluster,
         resources=parse_conf(ResourcesConf, cfg.get("resources"), "resources"),
         checkpoint=parse_conf(CheckpointConf, cfg.get("checkpoint"), "checkpoint"),
         recovery=parse_conf(RecoveryConf, cfg.get("recovery"), "recovery"),
         task=parse_conf(TaskConf, cfg.get("task"), "task"),
+        health=parse_conf(HealthConf, cfg.get("health"), "health"),
     )
     validate_resources(spec.resources)
     if require_task or spec.task != TaskConf():
         validate_task(spec.task)
     validate_checkpoint(spec.checkpoint)
     validate_recovery(spec.recovery)
+    validate_health(spec.health)
     return spec
 
 
@@ -222,3 +259,21 @@ def spec_key(spec: JobSpec | ResourcesConf) -> str:
     import json
 
     return json.dumps(dataclasses.asdict(spec), sort_keys=True)
+
+
+def resolve_target(target: str) -> Callable[..., Any]:
+    """`package.module:function` (task.target) → the callable; ConfigError naming what is missing."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"task.target={target!r}: cannot import module {module_name!r} ({exc})") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"task.target={target!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"task.target={target!r} is not callable")
+    return obj  # type: ignore[no-any-return]

@@ -19,7 +19,7 @@ import jinja2
 from omegaconf import OmegaConf
 
 from slurmagent import __version__
-from slurmagent.config import JobSpec, job_spec
+from slurmagent.config import JobSpec, job_spec, spec_dict
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
 from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
@@ -66,8 +66,6 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
         if "\x00" in override:  # a shell script cannot carry it: bash would cut the argument there
             raise ConfigError(f"override {override.split('=', 1)[0]!r} contains a NUL byte, which no script can carry")
     cfg = compose(overrides)
-    from slurmagent.app import spec_dict
-
     spec: JobSpec = job_spec(spec_dict(cfg))
     mode = mode or ("command" if spec.task.command else "python")
     if mode == "command" and not spec.task.command:

@@ -3,16 +3,19 @@ one source of truth for sbatch flags."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import submitit
 
-from slurmagent.config import JobSpec, LauncherConf
+from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
+from slurmagent.job.runner import SweepRunner, TaskPayload
 from slurmagent.slurm.sbatch import sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.slurm.syntax import slurm_time_to_seconds, time_to_minutes
+from slurmagent.supervise.state import SweepState, TaskRecord
 
 SUBMITIT_NAMED = {
     "partition",
@@ -58,6 +61,18 @@ def slurm_parameters(spec: JobSpec, launcher: LauncherConf, array_size: int, job
     params["array_parallelism"] = launcher.array_parallelism or array_size
     params["additional_parameters"] = additional
     return params
+
+
+class SubmititResubmitter:
+    """Submits one task of a sweep again, as its next attempt, with an adjusted spec: what
+    the supervisor's recovery calls (supervise/recover.py's `Resubmitter`)."""
+
+    def __call__(self, state: SweepState, task: TaskRecord, spec: JobSpec, attempt: int) -> str:
+        conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
+        executor = make_executor(state.backend, Path(state.submitit_folder), spec, conf, 1, state.job_name)
+        runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
+        payload = TaskPayload(task.index, tuple(task.overrides), attempt=attempt, resources=asdict(spec.resources))
+        return str(executor.submit(runner, payload).job_id)
 
 
 def make_executor(

@@ -25,11 +25,11 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from rich.console import Console
 
-from slurmagent.app import run_task, spec_dict
-from slurmagent.config import JobSpec, LauncherConf, job_spec, parse_conf, spec_key
+from slurmagent.config import JobSpec, LauncherConf, job_spec, parse_conf, spec_dict, spec_key
 from slurmagent.errors import ConfigError, TaskFailedError
-from slurmagent.launch.backend import make_executor, resolve_backend
-from slurmagent.launch.runner import SweepRunner, TaskPayload, write_context
+from slurmagent.job.runner import SweepRunner, TaskPayload, write_context
+from slurmagent.job.task import run_task
+from slurmagent.launch.backend import SubmititResubmitter, make_executor, resolve_backend
 from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.seam import SlurmCLI
@@ -181,7 +181,14 @@ class ArrayLauncher(Launcher):
         )
 
         # -- step 3: supervise ---------------------------------------------------------
-        sup = Supervisor(sweep_dir, self.slurm, conf.poll_interval_s, conf.max_poll_interval_s, console)
+        sup = Supervisor(
+            sweep_dir,
+            self.slurm,
+            conf.poll_interval_s,
+            conf.max_poll_interval_s,
+            console,
+            resubmit=SubmititResubmitter(),
+        )
         state = sup.wait()
         console.print(sweep_table(state))
         mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)

@@ -1,7 +1,9 @@
 """The job context: what training code knows about the job it runs in.
 
-Built from the environment the launcher and Slurm set (SLURM_*, SLURMAGENT_*), so the same
-code works under Slurm, the local backend, a rendered sbatch script and a child command.
+Built from the environment the launcher and Slurm set (SLURM_*, and the SLURMAGENT_*
+variables of `runtime/env.py`), so the same code works under Slurm, the local backend, a
+rendered sbatch script and a child command. Inside a job wrapped by `slurmagent.job`, the
+context also carries the job's stop signals (`signals`), which the step loop uses.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV_PREFIX = "SLURMAGENT_"
+from slurmagent.config import Backend, CheckpointConf, HealthConf, parse_conf
+from slurmagent.errors import ConfigError
+from slurmagent.runtime.env import JobEnv
+from slurmagent.runtime.signals import StopSignals
+
+BACKENDS: tuple[Backend, ...] = ("slurm", "local", "none")
 
 
 @dataclass(frozen=True)
 class JobContext:
-    backend: str  # "slurm", "local" or "none" (plain python, no launcher)
+    backend: Backend  # "slurm", "local" or "none" (plain python, no launcher)
     job_id: str | None  # Slurm job id ("123_4" for an array task) or local pid
     array_job_id: str | None  # SLURM_ARRAY_JOB_ID
     array_task_id: int | None  # SLURM_ARRAY_TASK_ID
@@ -32,6 +39,10 @@ class JobContext:
     world_size: int = 1  # number of processes (SLURM_NTASKS)
     node: str | None = None  # SLURMD_NODENAME
     resources: dict[str, Any] = field(default_factory=dict)  # the resources the task asked for
+    checkpoint: CheckpointConf = field(default_factory=CheckpointConf)  # the job's checkpoint policy
+    health: HealthConf = field(default_factory=HealthConf)  # the job's runtime health checks
+    # the job wrapper's stop signals (slurmagent.job), handed to the step loop; None outside one
+    signals: StopSignals | None = field(default=None, compare=False, repr=False)
 
     @property
     def slurm_requeue_id(self) -> str | None:
@@ -43,21 +54,24 @@ class JobContext:
     def to_env(self) -> dict[str, str]:
         """The context as SLURMAGENT_* variables, for a child command."""
         env = {
-            f"{ENV_PREFIX}BACKEND": self.backend,
-            f"{ENV_PREFIX}TASK_INDEX": str(self.task_index),
-            f"{ENV_PREFIX}ATTEMPT": str(self.attempt),
-            f"{ENV_PREFIX}OUTPUT_DIR": str(self.output_dir),
-            f"{ENV_PREFIX}CHECKPOINT_DIR": str(self.checkpoint_dir),
-            f"{ENV_PREFIX}RESOURCES": json.dumps(self.resources, sort_keys=True),
+            JobEnv.BACKEND: self.backend,
+            JobEnv.TASK_INDEX: str(self.task_index),
+            JobEnv.ATTEMPT: str(self.attempt - self.restart_count),
+            JobEnv.OUTPUT_DIR: str(self.output_dir),
+            JobEnv.CHECKPOINT_DIR: str(self.checkpoint_dir),
+            JobEnv.RESOURCES: json.dumps(self.resources, sort_keys=True),
+            JobEnv.CHECKPOINT: json.dumps(asdict(self.checkpoint), sort_keys=True),
+            JobEnv.HEALTH: json.dumps(asdict(self.health), sort_keys=True),
         }
         if self.sweep_dir is not None:
-            env[f"{ENV_PREFIX}SWEEP_DIR"] = str(self.sweep_dir)
+            env[JobEnv.SWEEP_DIR] = str(self.sweep_dir)
         if self.job_id:
-            env[f"{ENV_PREFIX}JOB_ID"] = self.job_id
-        return env
+            env[JobEnv.JOB_ID] = self.job_id
+        return {str(k): v for k, v in env.items()}
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("signals", None)
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
 
 
@@ -68,14 +82,25 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         return default
 
 
+def _json_conf(env: Mapping[str, str], var: JobEnv, cls: type[Any]) -> Any:
+    raw = env.get(var)
+    if not raw:
+        return cls()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{var} is not JSON: {exc}") from None
+    return parse_conf(cls, data if isinstance(data, dict) else None, str(var))
+
+
 def context_from_env(
     env: Mapping[str, str] | None = None,
     output_dir: str | os.PathLike[str] | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None,
 ) -> JobContext:
     env = os.environ if env is None else env
-    out = Path(output_dir or env.get(f"{ENV_PREFIX}OUTPUT_DIR") or os.getcwd())
-    ckpt = Path(checkpoint_dir or env.get(f"{ENV_PREFIX}CHECKPOINT_DIR") or out / "checkpoints")
+    out = Path(output_dir or env.get(JobEnv.OUTPUT_DIR) or os.getcwd())
+    ckpt = Path(checkpoint_dir or env.get(JobEnv.CHECKPOINT_DIR) or out / "checkpoints")
     restarts = _int(env, "SLURM_RESTART_COUNT", 0)
     slurm_id = env.get("SLURM_JOB_ID")
     array_job = env.get("SLURM_ARRAY_JOB_ID")
@@ -83,21 +108,22 @@ def context_from_env(
     if array_job and array_task:
         job_id: str | None = f"{array_job}_{array_task}"
     else:
-        job_id = slurm_id or env.get(f"{ENV_PREFIX}JOB_ID")
-    backend = env.get(f"{ENV_PREFIX}BACKEND") or ("slurm" if slurm_id else "none")
+        job_id = slurm_id or env.get(JobEnv.JOB_ID)
+    named = env.get(JobEnv.BACKEND)
+    backend: Backend = next((b for b in BACKENDS if b == named), "slurm" if slurm_id else "none")
     try:
-        resources = json.loads(env.get(f"{ENV_PREFIX}RESOURCES", "{}"))
+        resources = json.loads(env.get(JobEnv.RESOURCES, "{}"))
     except ValueError:
         resources = {}
-    sweep = env.get(f"{ENV_PREFIX}SWEEP_DIR")
+    sweep = env.get(JobEnv.SWEEP_DIR)
     return JobContext(
         backend=backend,
         job_id=job_id,
         array_job_id=array_job,
         array_task_id=int(array_task) if array_task and array_task.isdigit() else None,
-        task_index=_int(env, f"{ENV_PREFIX}TASK_INDEX", 0),
+        task_index=_int(env, JobEnv.TASK_INDEX, 0),
         # the launcher sets the attempt this Slurm job started as; each requeue adds one
-        attempt=_int(env, f"{ENV_PREFIX}ATTEMPT", 1) + restarts,
+        attempt=_int(env, JobEnv.ATTEMPT, 1) + restarts,
         restart_count=restarts,
         output_dir=out,
         checkpoint_dir=ckpt,
@@ -106,6 +132,8 @@ def context_from_env(
         world_size=_int(env, "SLURM_NTASKS", _int(env, "WORLD_SIZE", 1)),
         node=env.get("SLURMD_NODENAME"),
         resources=resources if isinstance(resources, dict) else {},
+        checkpoint=_json_conf(env, JobEnv.CHECKPOINT, CheckpointConf),
+        health=_json_conf(env, JobEnv.HEALTH, HealthConf),
     )
 
 
@@ -127,8 +155,8 @@ def _hydra_output_dir() -> str | None:
 
 
 def current() -> JobContext:
-    """The context of the running job. Inside `python -m slurmagent` the task wrapper sets
-    it; in a user's own Hydra app it is built from the environment and Hydra's output dir."""
+    """The context of the running job. Inside a slurmagent job the job wrapper sets it; in
+    a plain script it is built from the environment and Hydra's output dir."""
     if _current is not None:
         return _current
-    return context_from_env(output_dir=os.environ.get(f"{ENV_PREFIX}OUTPUT_DIR") or _hydra_output_dir())
+    return context_from_env(output_dir=os.environ.get(JobEnv.OUTPUT_DIR) or _hydra_output_dir())

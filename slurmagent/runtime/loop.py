@@ -14,14 +14,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from types import FrameType
-from typing import IO, Any, Protocol
+from typing import IO, Any, Literal, Protocol
 
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
 from slurmagent.runtime.context import JobContext
-from slurmagent.runtime.health import HealthMonitor, HealthStop, monitor_for, requeue_elsewhere
+from slurmagent.runtime.health import HealthMonitor, monitor_for
+from slurmagent.runtime.signals import GraceFn, StopFlag, install_handlers, restore_handlers, signal_number
 
 log = logging.getLogger(__name__)
 
@@ -32,76 +31,21 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+StopReason = Literal["signal", "health"]
+
+
 class StopForRequeue(SystemExit):
-    """Raised by the loop after a signal-triggered checkpoint: the job should end now."""
+    """Raised by the loop after its stop checkpoint: the job should end now and run again
+    from that checkpoint. `reason` says why: a stop `signal`, or the runtime `health` check
+    found this node CRITICAL. The loop knows neither Slurm nor the gate: the job wrapper
+    (`slurmagent.job.handle_stop`) decides what the stop means and requeues."""
 
-    def __init__(self, signum: int, step: int, signals: tuple[int, ...] = ()) -> None:
-        self.signum = signum  # the first signal
-        self.step = step  # steps done (the checkpoint's step)
-        self.signals = signals or (signum,)  # every signal received, in order
+    def __init__(self, signum: int, step: int, signals: tuple[int, ...] = (), reason: StopReason = "signal") -> None:
+        self.signum = signum  # the first signal (0 for a health stop)
+        self.step = step  # the step the next run resumes from (the checkpoint's step)
+        self.signals = signals or ((signum,) if signum else ())  # every signal received, in order
+        self.reason: StopReason = reason
         super().__init__(0)
-
-
-class HealthStopForRequeue(StopForRequeue, HealthStop):
-    """The runtime health check found the node CRITICAL: checkpointed, stop and requeue."""
-
-
-@dataclass
-class StopFlag:
-    """Set by signal handlers; read at step boundaries."""
-
-    signum: int | None = None
-    received_at: float | None = None
-    history: list[int] = field(default_factory=list)
-
-    def handler(self, signum: int, frame: FrameType | None) -> None:
-        del frame
-        self.history.append(signum)
-        if signum == signal.SIGCONT:
-            return  # Slurm sends SIGCONT with SIGTERM at preemption; nothing to do on its own
-        if self.signum is None:
-            self.signum = signum
-            self.received_at = time.monotonic()
-
-    @property
-    def set(self) -> bool:
-        return self.signum is not None
-
-
-def install_handlers(flag: StopFlag, signals: list[int]) -> dict[int, Any]:
-    """Point `signals` at the flag; returns the previous handlers for restoring."""
-    previous: dict[int, Any] = {}
-    for sig in signals:
-        previous[sig] = signal.signal(sig, flag.handler)
-    return previous
-
-
-def signal_number(name: str) -> int:
-    return int(getattr(signal, f"SIG{name}"))
-
-
-_job_flag: StopFlag | None = None
-# seconds from a stop signal until Slurm kills the job, by signal number (None = unknown)
-GraceFn = Callable[[int], float | None]
-_job_grace: GraceFn | None = None
-
-
-def own_job_signals(stop_signals: tuple[str, ...] = ("USR2", "TERM"), grace: GraceFn | None = None) -> StopFlag:
-    """Take the stop signals for the whole job, from its start: a preemption that arrives
-    while the task is still importing or loading data is remembered, and the first step
-    loop stops at once. Replaces submitit's handlers (which only log SIGTERM). `grace`
-    tells how long after each signal the job may still run (the stop checkpoint must fit)."""
-    global _job_flag, _job_grace
-    _job_flag = StopFlag()
-    _job_grace = grace
-    install_handlers(_job_flag, [signal_number(s) for s in stop_signals] + [signal.SIGCONT])
-    return _job_flag
-
-
-def release_job_signals() -> None:
-    global _job_flag, _job_grace
-    _job_flag = None
-    _job_grace = None
 
 
 def _distributed() -> Any:
@@ -136,7 +80,10 @@ class StepLoop:
 
     On entry it restores the newest valid checkpoint into `state` (or starts fresh), so
     `loop.start_step` is where this attempt begins. `loop.report(**metrics)` records
-    metrics; `loop.metrics` keeps the last ones.
+    metrics; `loop.metrics` keeps the last ones. Checkpoint policy and health checks default
+    to the job's own (`ctx.checkpoint`, `ctx.health`: the job spec's `checkpoint.*`, `health.*`).
+    Inside a slurmagent job the stop signals are the job's (`ctx.signals`, owned since the job
+    started); elsewhere the loop installs its own handlers while it runs.
     """
 
     def __init__(
@@ -155,9 +102,10 @@ class StepLoop:
         self.ctx = ctx
         self.state = state
         self.total_steps = total_steps
-        self.conf = conf or CheckpointConf()
+        self.conf = conf or ctx.checkpoint
         self.manager = CheckpointManager(ctx.checkpoint_dir, keep_last=self.conf.keep_last)
-        self.flag = _job_flag if _job_flag is not None else StopFlag()
+        self._owned = ctx.signals is not None  # the job wrapper owns the signals and the flag
+        self.flag = ctx.signals.flag if ctx.signals is not None else StopFlag()
         self._clock = clock
         self._signals = [signal_number(s) for s in stop_signals] + [signal.SIGCONT]
         self._install = install_signal_handlers
@@ -168,7 +116,7 @@ class StepLoop:
         self._last_save = clock()
         self.step = 0
         self._metrics_file: IO[str] | None = None
-        self._grace = grace if grace is not None else _job_grace
+        self._grace = grace if grace is not None else (ctx.signals.grace if ctx.signals is not None else None)
         self.last_saved_step: int | None = None
         self.stop_note = ""  # what the stop did about its checkpoint, for logs and tests
         self._gather_s = 0.0  # time the last save took to gather the state (state_dict)
@@ -259,8 +207,7 @@ class StepLoop:
         return bool(self.conf.every_seconds and self._clock() - self._last_save >= self.conf.every_seconds)
 
     def __iter__(self) -> Iterator[int]:
-        owned = self.flag is _job_flag  # the job wrapper already owns the signals
-        previous = install_handlers(self.flag, self._signals) if self._install and not owned else {}
+        previous = install_handlers(self.flag, self._signals) if self._install and not self._owned else {}
         periodic = 0 < self.conf.every_steps < self.total_steps or self.conf.every_seconds
         try:
             self.restore()
@@ -275,8 +222,7 @@ class StepLoop:
                 # -- runtime health: on CRITICAL checkpoint and stop for requeue (health_stop.json) --
                 if self.health is not None and self.health.check(done):
                     self.save(done)
-                    requeue_elsewhere(self.ctx)  # Slurm: requeue with this node excluded
-                    raise HealthStopForRequeue(0, done, tuple(self.flag.history))
+                    raise StopForRequeue(0, done, tuple(self.flag.history), reason="health")
                 # -- end runtime health --
                 if agree_stop(self.flag.set):
                     resume_at = self._stop_save(done)
@@ -289,8 +235,7 @@ class StepLoop:
                 self.save(self.total_steps)
         finally:
             self.manager.wait(raise_errors=False)  # leaving early: let a background write finish
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore_handlers(previous)
             if self._metrics_file is not None:
                 self._metrics_file.close()
                 self._metrics_file = None

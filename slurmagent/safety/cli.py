@@ -106,8 +106,9 @@ def cmd_approvals(args: argparse.Namespace) -> int:
 
 
 def _approved_gate(store: Any, request: Any) -> Any:
-    from slurmagent.gate import AuditLog, Gate
+    from slurmagent.safety.audit import AuditLog
     from slurmagent.safety.executors import standalone_executors
+    from slurmagent.safety.gate import Gate
 
     sweep = Path(request.sweep_dir)
     gate = Gate(AuditLog(request.audit), standalone_executors(sweep), sweep_dir=sweep, job=request.job)
@@ -146,8 +147,8 @@ def _run_approved(store: Any) -> int:
 
 
 def _sweep_audit(path: str) -> Any:
-    from slurmagent.gate import SHARED_AUDIT_MODE
     from slurmagent.safety.audit import AuditLog
+    from slurmagent.safety.gate import SHARED_AUDIT_MODE
 
     return AuditLog(path, mode=SHARED_AUDIT_MODE) if path else None
 

@@ -1,6 +1,7 @@
 """Executors that need nothing but the action itself, so an approval can run them from
-any process: each is an argument vector of an allowed Slurm command (through
-slurm/seam.py), or a removal confined to the sweep directory."""
+any process: each is a verb of the Slurm seam (slurm/seam.py), or a removal confined to the
+sweep directory. An executor returns what it did (a dict for the audit log's outcome); it
+changes no record of the caller's: the caller applies the outcome after the gate returns."""
 
 from __future__ import annotations
 
@@ -46,14 +47,12 @@ def standalone_executors(sweep_dir: Path, slurm: SlurmCLI | None = None) -> dict
         # a pending (e.g. just requeued) job: its next run avoids the node(s) in params["exclude"];
         # params["nodelist"], when given, replaces its required nodes (a job pinned to an excluded node)
         excluded = str(a.params["exclude"])
-        argv = ["scontrol", "update", f"JobId={a.target}", f"ExcNodeList={excluded}"]
-        if "nodelist" in a.params:
-            argv.append(f"ReqNodeList={a.params['nodelist'] or ''}")
-        cli.run(argv)
+        nodelist = a.params.get("nodelist")
+        cli.exclude(a.target, excluded, None if nodelist is None else str(nodelist or ""))
         return {"excluded": excluded, "job": a.target}
 
     def drain(a: Action) -> dict[str, Any]:
-        cli.run(["scontrol", "update", f"NodeName={a.target}", "State=DRAIN", f"Reason={a.reason[:200]}"])
+        cli.drain(a.target, a.reason)
         return {"drained": a.target}
 
     return {

@@ -1,5 +1,8 @@
-"""The one seam to Slurm: every sbatch/squeue/sacct/scontrol/scancel call of slurmagent
-goes through `SlurmCLI.run`, as an argument vector (never a shell).
+"""The one seam to Slurm: every sbatch/squeue/sacct/scontrol/scancel/sinfo call of
+slurmagent is a named verb of `SlurmCLI` (`statuses`, `job_state`, `submit`, `requeue`,
+`exclude`, `drain`, `resume`, `cancel`, …) that builds an argument vector (never a shell)
+and runs it through one runner. Tests inject a runner: `slurmagent.slurm.fake.FakeSlurm`
+answers like a small cluster, in memory.
 
 Parsing lives in pure functions (`parse_*`) so it is tested on recorded output.
 """
@@ -8,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,15 @@ class TaskStatus:
     earlier: tuple[tuple[str, str], ...] = ()  # (state, nodes) of each earlier run, oldest first
 
 
+@dataclass(frozen=True)
+class JobState:
+    """The controller's view of a job now (squeue)."""
+
+    state: str  # RUNNING, PENDING, COMPLETING…
+    reason: str  # why it waits or ended ("None" while running)
+    time_left: str  # Slurm time syntax, or UNLIMITED / NOT_SET / INVALID
+
+
 TERMINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
 )
@@ -49,19 +60,23 @@ class SlurmCLI:
     def __init__(self, runner: Runner | None = None, timeout: float = 60.0) -> None:
         self._runner = runner or _default_runner
         self._timeout = timeout
+        self._config: dict[str, str] | None = None
         self.calls: dict[str, int] = {}
 
-    def run(self, argv: Sequence[str], check: bool = True) -> str:
+    def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> str:
+        """Run one Slurm command (argv, no shell) and return its stdout. Only the verbs below
+        call this; other modules ask for a verb."""
         argv = [str(a) for a in argv]
         if argv[0] not in ALLOWED_COMMANDS:
             raise SlurmCommandError(argv, -1, f"{argv[0]!r} is not a Slurm command slurmagent may run")
         self.calls[argv[0]] = self.calls.get(argv[0], 0) + 1
+        limit = self._timeout if timeout is None else timeout
         try:
-            proc = self._runner(argv, self._timeout)
+            proc = self._runner(argv, limit)
         except FileNotFoundError:
             raise SlurmUnavailableError(f"{argv[0]} not found on PATH: this machine has no Slurm client") from None
         except subprocess.TimeoutExpired:
-            raise SlurmCommandError(argv, -1, f"timed out after {self._timeout:.0f}s") from None
+            raise SlurmCommandError(argv, -1, f"timed out after {limit:.0f}s") from None
         if check and proc.returncode != 0:
             raise SlurmCommandError(argv, proc.returncode, proc.stderr or proc.stdout)
         return proc.stdout
@@ -69,18 +84,14 @@ class SlurmCLI:
     # -- availability ---------------------------------------------------------------
     def available(self) -> bool:
         """True when Slurm's commands exist and the controller answers."""
-        if shutil.which("sinfo") is None:
-            return False
-        conf = os.environ.get("SLURM_CONF")
-        if conf and not os.path.exists(conf):
-            return False  # Slurm's commands would retry a missing config file for 60 s
-        probe = SlurmCLI(self._runner, timeout=min(self._timeout, 15.0))
+        if self._runner is _default_runner:
+            conf = os.environ.get("SLURM_CONF")
+            if conf and not os.path.exists(conf):
+                return False  # Slurm's commands would retry a missing config file for 60 s
         try:
-            probe.run(["sinfo", "-h", "-o", "%P"])
+            self.run(["sinfo", "-h", "-o", "%P"], timeout=min(self._timeout, 15.0))
         except (SlurmCommandError, SlurmUnavailableError):
             return False
-        finally:
-            self.calls["sinfo"] = self.calls.get("sinfo", 0) + 1
         return True
 
     # -- queries --------------------------------------------------------------------
@@ -103,13 +114,90 @@ class SlurmCLI:
         )
         return parse_sacct(out)
 
+    def job_state(self, job_id: str) -> JobState | None:
+        """The controller's view of one job now (squeue): state, reason, time left; None
+        when the controller no longer knows the job (it ended a while ago). Raises
+        SlurmCommandError when the controller does not answer."""
+        try:
+            out = self.run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%L"])
+        except SlurmCommandError as exc:
+            if "Invalid job id" in exc.stderr:
+                return None
+            raise
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        if not line:
+            return None
+        state, reason, left = [*line.split("|"), "", ""][:3]
+        return JobState(state.strip(), reason.strip(), left.strip())
+
+    def job_fields(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job -o`: the job's fields (StdOut, StdErr, ExcNodeList, …); {} when unknown."""
+        out = self.run(["scontrol", "show", "job", "-o", job_id], check=False)
+        return parse_scontrol_fields(out)
+
+    def config(self) -> dict[str, str]:
+        """`scontrol show config`, read once per seam."""
+        if self._config is None:
+            self._config = parse_scontrol_config(self.run(["scontrol", "show", "config"]))
+        return self._config
+
+    def kill_wait_s(self) -> float:
+        """Seconds from SIGTERM to SIGKILL when Slurm ends a job (KillWait; Slurm's default 30)."""
+        try:
+            return float(self.config().get("KillWait", "30 sec").split()[0])
+        except ValueError:
+            return 30.0
+
+    def node_state(self, node: str) -> tuple[str, str]:
+        """(state, reason) of one node (sinfo); ("", "") when Slurm does not list it."""
+        out = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"], check=False).strip().splitlines()
+        state, _, reason = (out[0] if out else "|").partition("|")
+        return state.strip(), reason.strip()
+
+    # -- actions (the gate's executors and the job's own requeue call these) ----------
+    def submit(self, script: str | os.PathLike[str]) -> str:
+        """sbatch a script file; the new job id ("123", or "123" for an array: tasks are 123_N)."""
+        out = self.run(["sbatch", "--parsable", os.fspath(script)])
+        job_id = out.strip().splitlines()[-1].split(";")[0] if out.strip() else ""
+        if not job_id.isdigit():
+            raise SlurmCommandError(["sbatch", "--parsable", os.fspath(script)], 0, f"no job id in output {out!r}")
+        return job_id
+
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted(set(job_ids))
         if ids:
             self.run(["scancel", *ids])
 
     def requeue(self, job_id: str) -> None:
+        """Requeue a job (array task: ARRAYJOBID_TASKID); it keeps its id and resources."""
         self.run(["scontrol", "requeue", job_id])
+
+    def exclude(self, job_id: str, nodes: str, nodelist: str | None = None) -> None:
+        """A pending job's next run avoids `nodes` (ExcNodeList); `nodelist`, when given,
+        replaces the nodes it requires (ReqNodeList; "" clears a pin to an excluded node)."""
+        argv = ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"]
+        if nodelist is not None:
+            argv.append(f"ReqNodeList={nodelist}")
+        self.run(argv)
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain a node: running jobs finish, no new ones start. The reason is bounded to 200 characters."""
+        self.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason[:200]}"])
+
+    def resume(self, node: str) -> None:
+        """Return a drained node to service."""
+        self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def parse_scontrol_fields(text: str) -> dict[str, str]:
+    """One `scontrol show … -o` line → {key: value} (values hold no spaces in -o output,
+    except the last field's, which is kept whole)."""
+    out: dict[str, str] = {}
+    for field_ in text.split():
+        key, sep, value = field_.partition("=")
+        if sep:
+            out[key] = value
+    return out
 
 
 def parse_scontrol_config(text: str) -> dict[str, str]:

@@ -10,21 +10,22 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from slurmagent.config import JobSpec, LauncherConf, ResourcesConf, job_spec, parse_conf
+from slurmagent.config import JobSpec, ResourcesConf, job_spec
 from slurmagent.errors import SlurmAgentError
 from slurmagent.files import atomic_write
-from slurmagent.gate import Action, AuditLog, Decision, Gate
-from slurmagent.records import Evidence
+from slurmagent.records import Action, Decision, Evidence
 from slurmagent.recovery.diagnose import Diagnosis, diagnose
 from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan
+from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
+from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT, SWEEP_HISTORY
 from slurmagent.safety.policy import resolve_policy
 from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
-from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
+from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI
 from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 
@@ -70,10 +71,19 @@ HELD_FILE = ".slurmagent/held.json"  # tasks whose recovery waits for resume or 
 HISTORY_LOG_LINES = 20  # log lines kept per source in history.jsonl
 
 
+class Resubmitter(Protocol):
+    """Submits one task again as its next attempt with `spec` (its adjusted resources);
+    returns the new job id. The launcher provides it (`launch/backend.py`), so supervision
+    needs no knowledge of how jobs are built."""
+
+    def __call__(self, state: SweepState, task: TaskRecord, spec: JobSpec, attempt: int) -> str: ...
+
+
 class Recoverer:
-    def __init__(self, sweep_dir: Path, slurm: SlurmCLI) -> None:
+    def __init__(self, sweep_dir: Path, slurm: SlurmCLI, resubmit: Resubmitter | None = None) -> None:
         self.sweep_dir = sweep_dir
         self.slurm = slurm
+        self.resubmit = resubmit
         self.audit = AuditLog(sweep_dir / SWEEP_AUDIT)
         self.history = sweep_dir / SWEEP_HISTORY
         self.held_path = sweep_dir / HELD_FILE
@@ -119,9 +129,7 @@ class Recoverer:
             task.error = f"{task.state}: {step.reason}\n{task.error}"
             self._record_history(task, seen, diag, logs, None, None, step.reason)
             return
-        gate = Gate(
-            self.audit, {"resubmit": lambda action: self._resubmit(state, task, spec, step, diag)}, job=task.job_id
-        )
+        gate = Gate(self.audit, {"resubmit": lambda _action: self._submit(state, task, spec, step)}, job=task.job_id)
         action = Action(
             "resubmit",
             task.job_id,
@@ -144,6 +152,8 @@ class Recoverer:
         )
         job_id = task.job_id
         out = gate.request(action)
+        if out.executed:
+            self._resubmitted(state, task, spec, step, diag, out.result)
         self._record_history(task, seen, diag, logs, action, out.decision, step.reason)
         if out.held or out.approval_id:
             why = "the kill switch" if out.held else f"approval {out.approval_id} ({out.decision.rule})"
@@ -209,10 +219,12 @@ class Recoverer:
             step = Resubmit(
                 _apply_changes(spec, request.params), request.reason, {k: tuple(v) for k, v in request.params.items()}
             )
-            gate.executors["resubmit"] = lambda action: self._resubmit(state, task, spec, step, diag)
+            gate.executors["resubmit"] = lambda _action: self._submit(state, task, spec, step)
             out = gate.run_approved(approval)
             if out.held:
                 return False
+            if out.executed:
+                self._resubmitted(state, task, spec, step, diag, out.result)
             if not out.executed:
                 why = out.result.get("error") or out.result.get("waiting") or out.result.get("state")
                 task.error = f"{task.state}: approved recovery did not run ({why})\n{task.error}"
@@ -250,32 +262,27 @@ class Recoverer:
         with open(self.history, "a") as fh:
             fh.write(json.dumps(entry, default=str) + "\n")
 
-    def _resubmit(
-        self, state: SweepState, task: TaskRecord, spec: JobSpec, step: Resubmit, diag: Diagnosis
-    ) -> dict[str, Any]:
-        from slurmagent.launch.backend import make_executor
-        from slurmagent.launch.runner import SweepRunner, TaskPayload
-
+    def _submit(self, state: SweepState, task: TaskRecord, spec: JobSpec, step: Resubmit) -> dict[str, Any]:
+        """The resubmit executor: submits, changes nothing here; returns the outcome."""
+        if self.resubmit is None:
+            raise SlurmAgentError("this supervisor cannot resubmit (no resubmitter was given to it)")
         new_spec = dataclasses.replace(spec, resources=step.resources)
-        conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
-        executor = make_executor(state.backend, Path(state.submitit_folder), new_spec, conf, 1, state.job_name)
-        runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
-        payload = TaskPayload(
-            task.index,
-            tuple(task.overrides),
-            attempt=len(task.attempts) + 1,
-            resources=dataclasses.asdict(step.resources),
-        )
-        job = executor.submit(runner, payload)
-        job_id = str(job.job_id)
+        job_id = self.resubmit(state, task, new_spec, len(task.attempts) + 1)
+        return {"job_id": job_id, "resources": dataclasses.asdict(step.resources)}
+
+    @staticmethod
+    def _resubmitted(
+        state: SweepState, task: TaskRecord, spec: JobSpec, step: Resubmit, diag: Diagnosis, outcome: dict[str, Any]
+    ) -> None:
+        """Apply an executed resubmission's outcome to the sweep state: the task's next attempt."""
+        job_id = str(outcome["job_id"])
         task.attempts.append(Attempt(job_id, time.time()))
-        task.spec = dataclasses.asdict(new_spec)
+        task.spec = dataclasses.asdict(dataclasses.replace(spec, resources=step.resources))
         task.state, task.error = "PENDING", ""
         state.finished_at = None
         if state.backend == "slurm":
             state.array_ids.append(job_id.split("_")[0])
         log.warning("task %d: %s → resubmitted as %s (%s)", task.index, diag.cause, job_id, step.reason)
-        return {"job_id": job_id, "resources": dataclasses.asdict(step.resources)}
 
     def _requeued_by_slurm(self, task: TaskRecord) -> bool:
         """Whether Slurm requeued the job itself (a --requeue job whose node failed): accounting
@@ -284,11 +291,10 @@ class Recoverer:
         the task stays open and is looked at again at the next poll."""
         assert task.job_id is not None
         try:
-            now = self.slurm.run(["squeue", "-h", "-j", task.job_id, "-o", "%T"]).strip()
-        except SlurmAgentError as exc:
-            if "Invalid job id" in str(exc):
-                return False  # the controller forgot the job: it ended
-            now = "UNKNOWN"  # no answer: decide at the next poll
+            seen = self.slurm.job_state(task.job_id)
+        except SlurmAgentError:
+            seen = JobState("UNKNOWN", "", "")  # no answer: decide at the next poll
+        now = seen.state if seen is not None else ""  # None: the controller forgot the job, it ended
         if not now or now in TERMINAL_STATES:
             return False
         log.warning("task %d: job %s ended %s and Slurm requeued it (%s)", task.index, task.job_id, task.state, now)
@@ -317,21 +323,8 @@ class Recoverer:
         params: dict[str, Any] = {"exclude": resources.exclude}
         if any(k.startswith("extra.") for k in changes):  # it was pinned there: unpin (ReqNodeList)
             params["nodelist"] = resources.extra.get("nodelist", "")
-        update = standalone_executors(self.sweep_dir, self.slurm)["exclude_node"]
-
-        def exclude(action: Action) -> dict[str, Any]:
-            out = update(action)
-            task.spec = dataclasses.asdict(dataclasses.replace(spec, resources=resources))
-            log.warning(
-                "task %d: node %s failed; its requeued job %s now excludes %s",
-                task.index,
-                failed,
-                task.job_id,
-                resources.exclude,
-            )
-            return out
-
-        Gate(self.audit, {"exclude_node": exclude}, job=task.job_id).request(
+        executors = {"exclude_node": standalone_executors(self.sweep_dir, self.slurm)["exclude_node"]}
+        out = Gate(self.audit, executors, job=task.job_id).request(
             Action(
                 "exclude_node",
                 task.job_id,
@@ -347,6 +340,15 @@ class Recoverer:
                 context={"attempt": len(task.attempts), "cause": diag.cause, "source": "recovery"},
             )
         )
+        if out.executed:
+            task.spec = dataclasses.asdict(dataclasses.replace(spec, resources=resources))
+            log.warning(
+                "task %d: node %s failed; its requeued job %s now excludes %s",
+                task.index,
+                failed,
+                task.job_id,
+                resources.exclude,
+            )
 
 
 def diagnosis_from_json(raw: dict[str, Any]) -> Diagnosis:

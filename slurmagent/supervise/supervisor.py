@@ -19,7 +19,7 @@ from rich.text import Text
 from submitit.core.utils import JobPaths
 
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI, TaskStatus
-from slurmagent.supervise.recover import Recoverer
+from slurmagent.supervise.recover import Recoverer, Resubmitter
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class Supervisor:
         max_poll_interval_s: float = 30.0,
         console: Console | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        resubmit: Resubmitter | None = None,
     ) -> None:
         self.store = SweepStore(sweep_dir)
         self.slurm = slurm or SlurmCLI()
@@ -96,7 +97,7 @@ class Supervisor:
         self._no_result_seen: dict[str, int] = {}
         self.queries = 0
         self.results: dict[int, Any] = {}  # index → raw return (JobReturn) read from pickles
-        self.recoverer = Recoverer(self.store.dir, self.slurm)
+        self.recoverer = Recoverer(self.store.dir, self.slurm, resubmit)
 
     # -- one poll ---------------------------------------------------------------
     def _statuses(self, state: SweepState, pending: list[TaskRecord]) -> dict[str, TaskStatus]:

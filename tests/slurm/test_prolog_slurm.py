@@ -156,9 +156,10 @@ import json, os, sys, time
 from pathlib import Path
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime import StepLoop, context_from_env
-from slurmagent.runtime.health import HealthConf, HealthMonitor
+from slurmagent.config import HealthConf
+from slurmagent.runtime.health import HealthMonitor
 from slurmagent.runtime.loop import StopForRequeue
-from slurmagent.app import handle_stop
+from slurmagent.job.stop import handle_stop
 
 out = Path(sys.argv[1])
 node = os.environ["SLURMD_NODENAME"]

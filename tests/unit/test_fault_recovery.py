@@ -130,7 +130,7 @@ def test_a_node_failure_slurm_requeued_is_not_resubmitted(tmp_path: Path) -> Non
     rec.handle(sweep, task)  # accounting shows NODE_FAIL; the controller has requeued the job
     assert task.state == "PENDING" and len(task.attempts) == 1 and task.attempts[0].state == "PENDING"
     assert not (tmp_path / "audit.jsonl").exists()  # nothing submitted, nothing decided
-    assert runner.calls == [["squeue", "-h", "-j", "800037", "-o", "%T"]]
+    assert runner.calls == [["squeue", "-h", "-j", "800037", "-o", "%T|%r|%L"]]
 
 
 def test_controller_silent_leaves_the_task_open(tmp_path: Path) -> None:

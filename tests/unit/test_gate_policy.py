@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from slurmagent.errors import ApprovalError, PolicyError
-from slurmagent.gate import Action, AuditLog, Gate
-from slurmagent.records import Evidence
-from slurmagent.safety.audit import verify
+from slurmagent.records import Action, Evidence
+from slurmagent.safety.audit import AuditLog, verify
+from slurmagent.safety.gate import Gate
 from slurmagent.safety.policy import load_policy, policy_names, resolve_policy
 from slurmagent.safety.switch import pause, paused, resume
 

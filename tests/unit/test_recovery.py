@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from slurmagent.config import JobSpec, job_spec
-from slurmagent.gate import Action, AuditLog, Gate
-from slurmagent.records import Evidence
+from slurmagent.records import Action, Evidence
 from slurmagent.recovery import Resubmit, Stop, diagnose, plan
+from slurmagent.safety.audit import AuditLog
+from slurmagent.safety.gate import Gate
 from slurmagent.slurm.cluster import parse_cluster
 from slurmagent.slurm.seam import parse_scontrol_config
 

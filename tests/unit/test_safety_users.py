@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from safety_users import local_users, run_as, shared_dir
 
-from slurmagent.gate import Action, AuditLog, Gate
-from slurmagent.safety.audit import verify
+from slurmagent.records import Action
+from slurmagent.safety.audit import AuditLog, verify
 from slurmagent.safety.executors import standalone_executors
+from slurmagent.safety.gate import Gate
 from slurmagent.safety.policy import load_policy
 
 

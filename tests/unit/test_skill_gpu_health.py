@@ -183,8 +183,8 @@ def test_hook_prolog_drains_on_critical_and_fails(tmp_path: Path) -> None:
     env = {"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "77", "SLURM_JOB_GPUS": "0"}
     assert hook_main("prolog", _conf(tmp_path, DATA / "broken.json"), env, SlurmCLI(rec)) == 1
     ((cmd, update, node, state, reason),) = rec.calls
-    assert (cmd, update, node, state) == ("scontrol", "update", "nodename=n1", "state=drain")
-    assert reason.startswith(f"reason={REASON_PREFIX} GPU 0: 3 volatile uncorrected ECC")
+    assert (cmd, update, node, state) == ("scontrol", "update", "NodeName=n1", "State=DRAIN")
+    assert reason.startswith(f"Reason={REASON_PREFIX} GPU 0: 3 volatile uncorrected ECC")
     saved = json.loads((tmp_path / "n1" / "prolog-77.json").read_text())
     assert saved["status"] == "CRITICAL" and saved["findings"]["gpus"] == [0]
 
@@ -193,7 +193,7 @@ def test_healthcheck_clears_only_our_own_drain_reason(tmp_path: Path) -> None:
     conf = _conf(tmp_path, DATA / "healthy.json")
     ours = Recorder("drained|slurmagent: GPU 0: 3 volatile uncorrected ECC error(s)\n")
     assert hook_main("healthcheck", conf, {"SLURMD_NODENAME": "n1"}, SlurmCLI(ours)) == 0
-    assert ours.calls[-1] == ["scontrol", "update", "nodename=n1", "state=resume"]
+    assert ours.calls[-1] == ["scontrol", "update", "NodeName=n1", "State=RESUME"]
     admins = Recorder("drained|disk replacement, ticket 4711\n")
     assert hook_main("healthcheck", conf, {"SLURMD_NODENAME": "n1"}, SlurmCLI(admins)) == 0
     assert [c[0] for c in admins.calls] == ["sinfo"]  # looked, did not touch it

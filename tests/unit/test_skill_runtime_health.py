@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from slurmagent.config import CheckpointConf
+from slurmagent.config import CheckpointConf, HealthConf
 from slurmagent.errors import ConfigError
 from slurmagent.runtime import CheckpointManager, StepLoop, context_from_env
-from slurmagent.runtime.health import HealthConf, HealthMonitor, HealthStop, conf_from_env
+from slurmagent.runtime.health import HealthMonitor
 from slurmagent.runtime.loop import StopForRequeue
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_health"
@@ -71,7 +71,7 @@ def test_healthy_gpu_is_checked_periodically_and_recorded(tmp_path: Path) -> Non
 def test_critical_gpu_checkpoints_records_and_stops_for_requeue(tmp_path: Path) -> None:
     with pytest.raises(StopForRequeue) as stop:
         run(tmp_path, "broken.json", interval=5)
-    assert isinstance(stop.value, HealthStop)
+    assert stop.value.reason == "health"
     step = stop.value.step
     assert 0 < step < 50
     entry, payload = CheckpointManager(tmp_path / "ck").latest() or (None, None)
@@ -81,14 +81,17 @@ def test_critical_gpu_checkpoints_records_and_stops_for_requeue(tmp_path: Path) 
     assert record["step"] == step and "uncorrected ECC" in record["reasons"][0]
 
 
-def test_off_by_default_and_configured_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_off_by_default_and_configured_by_the_job_spec(tmp_path: Path) -> None:
     ctx = context_from_env({}, output_dir=tmp_path)
     assert StepLoop(ctx, Counter(), 1, install_signal_handlers=False).health is None
-    monkeypatch.setenv("SLURMAGENT_HEALTH_INTERVAL_S", "60")
-    monkeypatch.setenv("SLURMAGENT_HEALTH_INPUTS", json.dumps({"readings_file": "x.json"}))
-    loop = StepLoop(ctx, Counter(), 1, install_signal_handlers=False)
+    # the job spec's health.* reaches a child process's loop through SLURMAGENT_HEALTH
+    spec = HealthConf(60.0, inputs={"readings_file": "x.json"})
+    env = replace(ctx, health=spec).to_env()
+    loop = StepLoop(context_from_env(env), Counter(), 1, install_signal_handlers=False)
     assert loop.health is not None and loop.health.conf == HealthConf(
         60.0, "gpu_health_check", {"readings_file": "x.json"}
     )
-    with pytest.raises(ConfigError, match="SLURMAGENT_HEALTH_INTERVAL_S"):
-        conf_from_env({"SLURMAGENT_HEALTH_INTERVAL_S": "soon"})
+    with pytest.raises(ConfigError, match="SLURMAGENT_HEALTH"):
+        context_from_env({"SLURMAGENT_HEALTH": "soon"})
+    with pytest.raises(ConfigError, match="interval_s"):
+        context_from_env({"SLURMAGENT_HEALTH": '{"interval_s": "soon"}'})

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from slurmagent.app import classify_stop, count_time_limit_requeue
 from slurmagent.config import CheckpointConf
+from slurmagent.job.stop import classify_stop, count_time_limit_requeue
 from slurmagent.recovery import Resubmit, Stop, diagnose, plan
 from slurmagent.runtime.context import context_from_env
 from slurmagent.runtime.faults import BatchFailedError, StepGuard, SuspectGPUError

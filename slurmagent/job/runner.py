@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from slurmagent.files import atomic_write
-from slurmagent.runtime.context import ENV_PREFIX
+from slurmagent.runtime.env import JobEnv
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class SweepRunner:
         from hydra.core.utils import JobReturn, run_job
         from omegaconf import open_dict
 
+        from slurmagent.job.task import run_task, wrap_user_task
+
         with open(self.context_path, "rb") as fh:
             ctx = cloudpickle.load(fh)
         Singleton.set_state(ctx["singleton_state"])
@@ -70,17 +72,20 @@ class SweepRunner:
                     sweep_config.resources[key] = value
         os.environ.update(
             {
-                f"{ENV_PREFIX}BACKEND": self.backend,
-                f"{ENV_PREFIX}TASK_INDEX": str(payload.index),
-                f"{ENV_PREFIX}ATTEMPT": str(payload.attempt),
-                f"{ENV_PREFIX}SWEEP_DIR": self.sweep_dir,
-                f"{ENV_PREFIX}JOB_ID": job_id,
+                JobEnv.BACKEND: self.backend,
+                JobEnv.TASK_INDEX: str(payload.index),
+                JobEnv.ATTEMPT: str(payload.attempt),
+                JobEnv.SWEEP_DIR: self.sweep_dir,
+                JobEnv.JOB_ID: job_id,
             }
         )
         HydraConfig.instance().set_config(sweep_config)
+        task_function = ctx["task_function"]
+        if task_function is not run_task:  # a user's own Hydra app: run it as a slurmagent job too
+            task_function = wrap_user_task(task_function)
         ret: JobReturn = run_job(
             hydra_context=hydra_context,
-            task_function=ctx["task_function"],
+            task_function=task_function,
             config=sweep_config,
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",

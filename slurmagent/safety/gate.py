@@ -24,26 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.errors import SlurmAgentError
-from slurmagent.records import ACTION_KINDS, Action, Decision
+from slurmagent.records import Action, Decision
 from slurmagent.safety.approvals import ApprovalStore
-from slurmagent.safety.audit import GENESIS, AuditLog, record_hash
+from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import Executor
 from slurmagent.safety.paths import approvals_dir, current_user, user_audit_path
 from slurmagent.safety.policy import Policy, RulePolicy, resolve_policy
 from slurmagent.safety.switch import describe, paused
 
-__all__ = [
-    "ACTION_KINDS",
-    "GENESIS",
-    "Action",
-    "AuditLog",
-    "Decision",
-    "DefaultPolicy",
-    "Executor",
-    "Gate",
-    "Outcome",
-    "record_hash",
-]
+__all__ = ["SHARED_AUDIT_MODE", "DefaultPolicy", "Gate", "Outcome"]
 
 log = logging.getLogger(__name__)
 SHARED_AUDIT_MODE = 0o666

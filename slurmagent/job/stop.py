@@ -1,0 +1,221 @@
+"""The stop decision inside a job: after the step loop checkpointed and raised
+`StopForRequeue`, decide what the stop means and act, through the action gate.
+
+- `reason="signal"`: ask Slurm why (squeue: state, reason, time left; `classify_stop`,
+  pure). Slurm ending the job (preemption requeues it itself) → nothing to do; the time
+  limit near → requeue, at most `recovery.max_time_limit_requeues` times per Slurm job,
+  then fail with a sentence the supervisor turns into a resubmission with more time; a
+  signal with time to spare → requeue.
+- `reason="health"`: the runtime health check found this node CRITICAL → requeue the job
+  and exclude this node from its next run (`requeue_elsewhere`).
+
+Only rank 0 acts; every rank stopped at the same step. This module is the one owner of a
+job requeueing itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from typing import Any
+
+from slurmagent.config import RecoveryConf
+from slurmagent.errors import SlurmAgentError, TaskFailedError
+from slurmagent.files import atomic_write
+from slurmagent.records import Action, ActionKind, Evidence
+from slurmagent.runtime.context import JobContext
+from slurmagent.runtime.health import STOP_RECORD
+from slurmagent.runtime.loop import StopForRequeue
+from slurmagent.runtime.signals import signal_number
+from slurmagent.safety.audit import AuditLog
+from slurmagent.safety.executors import standalone_executors
+from slurmagent.safety.gate import Gate
+from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.slurm.syntax import parse_time_limit
+
+log = logging.getLogger(__name__)
+
+TIME_LIMIT_FILE = ".slurmagent-time-limit-requeues.json"
+
+
+class GraceWindow:
+    """Seconds a job may still run after a stop signal: the user signal comes
+    `recovery.signal_delay_s` before the time limit; after SIGTERM, Slurm kills at KillWait
+    (asked from Slurm once, on the first SIGTERM, unless `recovery.kill_wait_s` is set)."""
+
+    def __init__(self, recovery: RecoveryConf, backend: str, slurm: SlurmCLI | None = None) -> None:
+        self.recovery = recovery
+        self.backend = backend
+        self._slurm = slurm
+        self._kill_wait: float | None = recovery.kill_wait_s
+
+    def __call__(self, signum: int) -> float | None:
+        if signum == signal_number(self.recovery.signal):
+            return float(self.recovery.signal_delay_s)
+        if signum != signal.SIGTERM:
+            return None
+        if self._kill_wait is None and self.backend == "slurm":
+            try:
+                self._kill_wait = (self._slurm or SlurmCLI(timeout=5)).kill_wait_s()
+            except SlurmAgentError:
+                self._kill_wait = 30.0  # Slurm's default
+        return self._kill_wait
+
+
+def classify_stop(signals: tuple[int, ...], state: str, time_left_s: int | None, signal_delay_s: int) -> str:
+    """Why the job was told to stop, from Slurm's own view of it (pure):
+    `ending` — Slurm is ending the job itself (SIGTERM, or no longer RUNNING: preemption
+    requeues it, a time limit or cancel ends it); `time_limit` — the user signal came and
+    the job's remaining time is within the signal's lead; `signal` — the user signal came
+    with time to spare (preemption with a grace time, or a person's `scancel --signal`)."""
+    if signal.SIGTERM in signals or (state and state != "RUNNING"):
+        return "ending"
+    # Slurm may send the signal up to a minute early (its timer resolution): allow slack
+    if time_left_s is not None and time_left_s <= signal_delay_s + 60:
+        return "time_limit"
+    return "signal"
+
+
+def count_time_limit_requeue(ctx: JobContext) -> int:
+    """Time-limit stops of this Slurm job so far, this one included (a resubmission is a
+    new job and starts again from zero)."""
+    path = ctx.output_dir / TIME_LIMIT_FILE
+    job = ctx.slurm_requeue_id or ""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    count = int(saved.get("count", 0)) + 1 if saved.get("job") == job else 1
+    atomic_write(path, json.dumps({"job": job, "count": count}).encode())
+    return count
+
+
+def job_gate(ctx: JobContext, slurm: SlurmCLI) -> Gate:
+    """The gate as a running job uses it: the sweep's policy, kill switch and audit log."""
+    sweep = ctx.sweep_dir or ctx.output_dir
+    return Gate(AuditLog(sweep / "audit.jsonl"), standalone_executors(sweep, slurm), job=ctx.slurm_requeue_id or "")
+
+
+def job_action(
+    ctx: JobContext,
+    kind: ActionKind,
+    reason: str,
+    source: str,
+    *,
+    params: dict[str, Any] | None = None,
+    evidence: list[Evidence] | None = None,
+    metrics: dict[str, Any] | None = None,
+    cause: str = "",
+) -> Action:
+    """An action on this job (its array-aware id), with the context the policy matches on."""
+    assert ctx.slurm_requeue_id is not None
+    return Action(
+        kind,
+        ctx.slurm_requeue_id,
+        reason,
+        params=dict(params or {}),
+        evidence=list(evidence or []),
+        metrics_before=dict(metrics or {}),
+        context={"attempt": ctx.attempt, "source": source, **({"cause": cause} if cause else {})},
+    )
+
+
+def handle_stop(
+    ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf | None = None, slurm: SlurmCLI | None = None
+) -> None:
+    """After the loop's stop checkpoint: requeue this job (through the action gate) as the
+    stop's reason demands; see the module docstring."""
+    recovery = recovery or RecoveryConf()
+    if ctx.backend != "slurm" or ctx.slurm_requeue_id is None:
+        log.warning("stopped at step %d (%s); no Slurm here to requeue", stop.step, stop.reason)
+        return
+    if ctx.rank != 0:
+        return  # rank 0 speaks for the job; every rank stopped at the same step
+    slurm = slurm or SlurmCLI()
+    if stop.reason == "health":
+        requeue_elsewhere(ctx, slurm)
+        return
+    try:
+        seen = slurm.job_state(ctx.slurm_requeue_id)
+    except SlurmAgentError:
+        seen = None
+    state, reason, left = (seen.state, seen.reason, seen.time_left) if seen is not None else ("", "", "")
+    why = classify_stop(stop.signals, state, parse_time_limit(left), recovery.signal_delay_s)
+    if why == "ending":
+        log.warning(
+            "stopped at step %d: Slurm is ending this job (state %s, reason %s); it requeues preempted jobs itself",
+            stop.step,
+            state or "unknown",
+            reason or "unknown",
+        )
+        return
+    metrics = {"step": stop.step, "state": state, "reason": reason, "time_left": left, "signals": list(stop.signals)}
+    if why == "time_limit":
+        count = count_time_limit_requeue(ctx)
+        if count > recovery.max_time_limit_requeues:
+            raise TaskFailedError(
+                f"slurmagent: time limit reached {count} times (recovery.max_time_limit_requeues="
+                f"{recovery.max_time_limit_requeues}); checkpoint at step {stop.step}: resubmit with a longer time"
+            )
+        reason_text = f"time limit near ({left} left): requeue {count} of {recovery.max_time_limit_requeues}"
+    else:
+        reason_text = f"signal {stop.signum} with {left or 'unknown'} left: requeue to resume from step {stop.step}"
+    names = ", ".join(signal.Signals(n).name for n in stop.signals if n in signal.Signals._value2member_map_)
+    evidence = [
+        Evidence("slurm", 0, f"squeue: State={state or '?'} Reason={reason or '?'} TimeLeft={left or '?'}"),
+        Evidence("runtime", 0, f"signals received: {names}; stop checkpoint at step {stop.step}"),
+    ]
+    cause = "time_limit" if why == "time_limit" else "signal"
+    action = job_action(ctx, "requeue", reason_text, "runtime", evidence=evidence, metrics=metrics, cause=cause)
+    outcome = job_gate(ctx, slurm).request(action)
+    if outcome.executed:
+        log.warning("stopped at step %d: %s", stop.step, reason_text)
+    else:
+        log.warning(
+            "stopped at step %d: requeue not done (%s: %s); the checkpoint stays for a later run",
+            stop.step,
+            outcome.decision.verdict,
+            outcome.result.get("error") or outcome.decision.rule,
+        )
+
+
+def requeue_elsewhere(ctx: JobContext, slurm: SlurmCLI) -> dict[str, Any]:
+    """Requeue this job and add this node to its ExcNodeList, so its next run starts on
+    another node (Slurm allows ExcNodeList changes only once the job is pending again, hence
+    the order) — both through the action gate, as automated actions from a CRITICAL health
+    check. The outcome is added to health_stop.json for the supervisor."""
+    job = ctx.slurm_requeue_id
+    if not job or not ctx.node:
+        return {}
+    source = "health_check:CRITICAL"
+    done: dict[str, Any] = {"requeued": False, "excluded": None}
+    path = ctx.output_dir / STOP_RECORD
+    record = json.loads(path.read_text()) if path.exists() else {}
+    evidence = [Evidence(str(path), 0, str(r)) for r in (record.get("reasons") or [])[:3]]
+    gate = job_gate(ctx, slurm)
+    try:
+        current = slurm.job_fields(job).get("ExcNodeList", "(null)")
+        why = f"health check CRITICAL on {ctx.node}: requeue from the checkpoint just written"
+        requeue = job_action(
+            ctx, "requeue", why, source, evidence=evidence, metrics={"node": ctx.node}, cause="gpu_health"
+        )
+        requeued = gate.request(requeue)
+        done["requeued"] = requeued.executed
+        if requeued.executed:
+            excluded = ",".join(x for x in (current if current != "(null)" else "", ctx.node) if x)
+            params = {"exclude": excluded, "node": ctx.node}
+            elsewhere = f"health check CRITICAL on {ctx.node}: run elsewhere"
+            moved = gate.request(job_action(ctx, "exclude_node", elsewhere, source, params=params, evidence=evidence))
+            done["excluded"] = excluded if moved.executed else None
+            if not moved.executed:
+                done["error"] = str(moved.result.get("error") or moved.decision.rule)
+        else:
+            done["error"] = (
+                f"requeue {requeued.decision.verdict}: {requeued.result.get('error') or requeued.decision.rule}"
+            )
+    except SlurmAgentError as exc:
+        done["error"] = str(exc)
+        log.error("could not requeue %s away from %s: %s", job, ctx.node, exc)
+    atomic_write(path, json.dumps({**record, **done}, default=str).encode())
+    return done
