@@ -7,6 +7,8 @@ in #SBATCH lines are restricted to characters sbatch reads literally.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import shlex
 import sys
@@ -22,6 +24,7 @@ from slurmagent import __version__
 from slurmagent.config import JobSpec, job_spec, spec_dict
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
+from slurmagent.runtime.env import JobEnv
 from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
 
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")
@@ -98,7 +101,7 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
             signal=signal_flag(spec.recovery, batch_shell=(mode == "command")),
             output=output_line,
             run_dir=str(run_dir),
-            checkpoint_dir=str(ckpt),
+            env=_job_env(mode, spec, ckpt),
             python=python or sys.executable,
             command=spec.task.command or [],
         )
@@ -107,6 +110,22 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
     atomic_write(script, text.encode())
     script.chmod(0o755)
     return Rendered(script, config_path, run_dir)
+
+
+def _job_env(mode: str, spec: JobSpec, checkpoint_dir: Path) -> list[tuple[str, str]]:
+    """The SLURMAGENT_* variables the script exports (names from the one schema, values as
+    shell words). A `task.command` gets the job's checkpoint and health policy from them;
+    in python mode the runtime reads them from the config beside the script."""
+    env = [
+        (JobEnv.BACKEND, "slurm"),
+        (JobEnv.OUTPUT_DIR, '"$RUN_DIR"'),
+        (JobEnv.CHECKPOINT_DIR, shlex.quote(str(checkpoint_dir))),
+        (JobEnv.ATTEMPT, "1"),
+    ]
+    if mode == "command":
+        for name, conf in ((JobEnv.CHECKPOINT, spec.checkpoint), (JobEnv.HEALTH, spec.health)):
+            env.append((name, shlex.quote(json.dumps(dataclasses.asdict(conf), sort_keys=True))))
+    return [(str(k), v) for k, v in env]
 
 
 def _experiment_name(overrides: list[str]) -> str:
