@@ -3,11 +3,14 @@ one source of truth for sbatch flags."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core.utils import DelayedSubmission, JobPaths
+from submitit.slurm.slurm import SlurmJob
 
 from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
@@ -67,19 +70,77 @@ class SubmititResubmitter:
     """Submits one task of a sweep again, as its next attempt, with an adjusted spec: what
     the supervisor's recovery calls (supervise/recover.py's `Resubmitter`)."""
 
+    def __init__(self, slurm: SlurmCLI | None = None) -> None:
+        self.slurm = slurm or SlurmCLI()
+
     def __call__(self, state: SweepState, task: TaskRecord, spec: JobSpec, attempt: int) -> str:
         conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
-        executor = make_executor(state.backend, Path(state.submitit_folder), spec, conf, 1, state.job_name)
+        folder = Path(state.submitit_folder)
+        executor = make_executor(state.backend, folder, spec, conf, 1, state.job_name, self.slurm)
         runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
         payload = TaskPayload(task.index, tuple(task.overrides), attempt=attempt, resources=asdict(spec.resources))
         return str(executor.submit(runner, payload).job_id)
 
 
+class SeamSlurmExecutor(submitit.SlurmExecutor):
+    """submitit's Slurm executor (its batch script, pickles and result files), with the
+    submission itself a verb of our seam (`SlurmCLI.submit`): one place runs sbatch, and a
+    test's fake Slurm answers it like the rest."""
+
+    def __init__(self, folder: Path, slurm: SlurmCLI, max_num_timeout: int) -> None:
+        super().__init__(folder=folder, max_num_timeout=max_num_timeout)
+        self.slurm = slurm
+
+    def _submit_command(self, command: str) -> submitit.Job[Any]:
+        uid = uuid.uuid4().hex
+        staging = JobPaths.get_first_id_independent_folder(self.folder)
+        staging.mkdir(parents=True, exist_ok=True)
+        script = staging / f".submission_file_{uid}.sh"
+        script.write_text(self._make_submission_file_text(command, uid))
+        job_id = self.slurm.submit(script)
+        job: submitit.Job[Any] = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
+        job.paths.move_temporary_file(script, "submission_file", keep_as_symlink=True)
+        self._write_job_id(job.job_id, uid)
+        self._set_job_permissions(job.paths.folder)
+        return job
+
+    def _internal_process_submissions(self, delayed: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
+        if len(delayed) == 1:
+            return super()._internal_process_submissions(delayed)  # submits through _submit_command
+        # an array: one sbatch for all, each task's pickle moved to its array task's name after
+        staging = JobPaths.get_first_id_independent_folder(self.folder)
+        staging.mkdir(parents=True, exist_ok=True)
+        pickles = []
+        for d in delayed:
+            d.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
+            path = staging / f"{uuid.uuid4().hex}.pkl"
+            d.dump(path)
+            pickles.append(path)
+        self.parameters["map_count"] = len(delayed)
+        try:
+            first = self._submit_command(self._submitit_command_str)
+        finally:
+            del self.parameters["map_count"]
+        tasks = list(range(first.num_tasks))
+        jobs: list[submitit.Job[Any]] = []
+        for index, path in enumerate(pickles):
+            job: SlurmJob[Any] = SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{index}", tasks=tasks)
+            job.paths.move_temporary_file(path, "submitted_pickle")
+            jobs.append(job)
+        return jobs
+
+
 def make_executor(
-    backend: str, folder: Path, spec: JobSpec, launcher: LauncherConf, array_size: int, job_name: str
+    backend: str,
+    folder: Path,
+    spec: JobSpec,
+    launcher: LauncherConf,
+    array_size: int,
+    job_name: str,
+    slurm: SlurmCLI | None = None,
 ) -> submitit.Executor:
     if backend == "slurm":
-        slurm_ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=spec.recovery.max_attempts)
+        slurm_ex = SeamSlurmExecutor(folder, slurm or SlurmCLI(), max_num_timeout=spec.recovery.max_attempts)
         slurm_ex.update_parameters(**slurm_parameters(spec, launcher, array_size, job_name))
         return slurm_ex
     local = submitit.LocalExecutor(folder=folder)

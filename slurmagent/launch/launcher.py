@@ -137,7 +137,7 @@ class ArrayLauncher(Launcher):
         name = str(self.config.hydra.job.name)
         for spec, payloads in groups.values():
             for part in chunks(payloads, max_array):
-                executor = make_executor(backend, folder, spec, conf, len(part), name)
+                executor = make_executor(backend, folder, spec, conf, len(part), name, self.slurm)
                 jobs = executor.map_array(runner, part)
                 now = time.time()
                 for payload, job in zip(part, jobs, strict=True):
@@ -187,7 +187,7 @@ class ArrayLauncher(Launcher):
             conf.poll_interval_s,
             conf.max_poll_interval_s,
             console,
-            resubmit=SubmititResubmitter(),
+            resubmit=SubmititResubmitter(self.slurm),
         )
         state = sup.wait()
         console.print(sweep_table(state))

@@ -1,0 +1,77 @@
+"""Fixtures for the fast tests that drive launch, supervision, the job's stop path and
+recovery through `slurmagent.slurm.fake.FakeSlurm`: a stand-in for Slurm that runs the
+submitted jobs as local processes. The same paths are proven on the real test cluster by
+tests/slurm/; these run in seconds and need no cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmagent.slurm.fake import FakeSlurm
+
+
+@pytest.fixture()
+def fake(tmp_path: Path) -> Iterator[FakeSlurm]:
+    slurm = FakeSlurm(tmp_path / "fake-slurm", kill_wait_s=3.0)
+    yield slurm
+    for job_id, job in slurm.jobs().items():  # nothing outlives the test
+        if job["state"] in ("RUNNING", "PENDING"):
+            slurm.command(["scancel", job_id], str(tmp_path))
+
+
+def slurmagent(fake: FakeSlurm, cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`python -m slurmagent ARGS` with the fake's commands first on PATH, waited for."""
+    return subprocess.run(
+        [sys.executable, "-m", "slurmagent", *args],
+        cwd=cwd,
+        env=fake.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start(fake: FakeSlurm, cwd: Path, *args: str) -> subprocess.Popen[str]:
+    """The same, in the background (a launcher that supervises while the test injects faults)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurmagent", *args],
+        cwd=cwd,
+        env=fake.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def sweep_state(sweep: Path) -> dict[str, Any]:
+    return json.loads((sweep / "sweep.json").read_text())  # type: ignore[no-any-return]
+
+
+def first_job_id(sweep: Path, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (sweep / "sweep.json").exists():
+            return str(sweep_state(sweep)["tasks"][0]["attempts"][-1]["job_id"])
+        time.sleep(0.1)
+    raise TimeoutError(f"no sweep.json in {sweep}")
+
+
+def steps_done(sweep: Path, index: int = 0) -> int:
+    path = sweep / str(index) / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def wait_steps(sweep: Path, at_least: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while steps_done(sweep) < at_least:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {at_least} steps after {timeout:.0f}s")
+        time.sleep(0.05)

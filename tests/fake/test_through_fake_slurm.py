@@ -1,0 +1,189 @@
+"""Launch, supervision, the job's own stop path and recovery, end to end through the fake
+Slurm (slurmagent/slurm/fake.py): the real CLI, launcher, submitit script, runtime and
+supervisor, with Slurm's commands answered by the fake and the jobs run as local processes.
+Each test takes seconds; tests/slurm/ proves the same paths on the real cluster."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+from pathlib import Path
+
+from slurmagent.slurm.fake import FakeSlurm
+from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state, wait_steps
+
+SYNTHETIC = ("+experiment=synthetic", "cluster=slurm", "hydra.launcher.poll_interval_s=0.3")
+
+
+def digest(steps: int) -> str:
+    """The synthetic task's result after `steps` steps run exactly once each."""
+    d = hashlib.sha256(b"start").hexdigest()
+    for step in range(steps):
+        d = hashlib.sha256(f"{d}:{step}".encode()).hexdigest()
+    return d
+
+
+def audit(sweep: Path) -> list[dict[str, object]]:
+    path = sweep / "audit.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_launch_submits_one_array_and_supervises_it_to_the_end(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = slurmagent(fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=3,4,5", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr
+    state = sweep_state(sweep)
+    assert state["backend"] == "slurm" and len(state["array_ids"]) == 1
+    assert [t["state"] for t in state["tasks"]] == ["COMPLETED"] * 3
+    assert [t["result"]["digest"] for t in state["tasks"]] == [digest(3), digest(4), digest(5)]
+    calls = fake.logged_calls()
+    sbatch = [c for c in calls if c[0] == "sbatch"]
+    assert len(sbatch) == 1  # one array for the three tasks, through the seam's submit verb
+    script = Path(sbatch[0][-1]).read_text()
+    for line in (
+        "#SBATCH --array=0-2%3",
+        "#SBATCH --requeue",
+        "#SBATCH --signal=USR2@60",
+        "#SBATCH --open-mode=append",
+    ):
+        assert line in script
+    # supervision: one batched status query per poll, never one per task
+    sacct = [c for c in calls if c[0] == "sacct"]
+    assert sacct and all(c[c.index("-j") + 1] == state["array_ids"][0] for c in sacct)
+    assert not [c for c in calls if c[0] == "squeue"]
+
+
+def test_bad_partition_is_refused_before_anything_is_submitted(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = slurmagent(fake, tmp_path, *SYNTHETIC, "-m", "resources.partition=nosuch", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 2
+    assert "resources.partition='nosuch' does not exist; valid partitions: gpu, high, low" in proc.stderr
+    assert not [c for c in fake.logged_calls() if c[0] == "sbatch"] and not fake.jobs()
+
+
+def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = start(
+        fake,
+        tmp_path,
+        *SYNTHETIC,
+        "-m",
+        "synthetic.steps=40",
+        "synthetic.step_time_s=0.05",
+        "checkpoint.every_steps=5",
+        f"hydra.sweep.dir={sweep}",
+    )
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    wait_steps(sweep, 10)
+    fake.fail(job, "OUT_OF_MEMORY")  # the cgroup's OOM kill, with slurmstepd's line in stderr
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err
+    (task,) = sweep_state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
+    assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and task["diagnosis"]["cause"] == "host_oom"
+    assert task["spec"]["resources"]["mem"] == "384M"  # 256M × 1.5
+    assert task["result"]["digest"] == digest(40) and task["result"]["resumed_from"] >= 10
+    decisions = [(r["type"], r["action"], r["decision"]) for r in audit(sweep)]
+    assert decisions == [("decision", "resubmit", "allow"), ("outcome", "resubmit", "allow")]
+
+
+def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = start(
+        fake,
+        tmp_path,
+        *SYNTHETIC,
+        "-m",
+        "synthetic.steps=60",
+        "synthetic.step_time_s=0.05",
+        "checkpoint.every_steps=1000",
+        f"hydra.sweep.dir={sweep}",
+    )
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    wait_steps(sweep, 10)
+    fake.preempt(job)  # SIGCONT + SIGTERM + USR2 to the step; Slurm requeues it (PreemptMode=REQUEUE)
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err
+    (task,) = sweep_state(sweep)["tasks"]
+    assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1  # not a new attempt
+    result = task["result"]
+    assert result["digest"] == digest(60) and result["resumed_from"] >= 10  # the stop checkpoint
+    assert result["steps_run_here"] == 60 - result["resumed_from"]  # no step redone
+    assert fake.job(job)["runs"][0][0] == "PREEMPTED"
+    assert not (sweep / "audit.jsonl").exists()  # SIGTERM: Slurm's own requeue, nothing for the gate
+
+
+def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = start(
+        fake,
+        tmp_path,
+        *SYNTHETIC,
+        "-m",
+        "synthetic.steps=60",
+        "synthetic.step_time_s=0.05",
+        "checkpoint.every_steps=1000",
+        "resources.time=00:01:30",  # the warning comes with 1:30 - 0:30 left: within its lead + slack
+        f"hydra.sweep.dir={sweep}",
+    )
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    wait_steps(sweep, 10)
+    fake.warn(job)  # Slurm's --signal=USR2@60 before the time limit
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err
+    (task,) = sweep_state(sweep)["tasks"]
+    assert task["result"]["digest"] == digest(60) and task["attempts"][0]["restarts"] == 1
+    records = audit(sweep)
+    assert [(r["type"], r["action"], r["decision"]) for r in records] == [
+        ("decision", "requeue", "allow"),
+        ("outcome", "requeue", "allow"),
+    ]
+    assert records[0]["context"]["cause"] == "time_limit"  # type: ignore[index]
+    assert ["scontrol", "requeue", job] in fake.logged_calls()  # from inside the job, through the seam
+    assert fake.job(job)["runs"][0][0] == "REQUEUED"
+
+
+def test_recovery_waits_while_paused_and_runs_after_resume(fake: FakeSlurm, tmp_path: Path) -> None:
+    """The kill switch holds the supervisor's resubmission; `slurmagent resume` lets it run."""
+    sweep = tmp_path / "sweep"
+    launcher = start(
+        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=30", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
+    )
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    assert slurmagent(fake, tmp_path, "pause", "--sweep", str(sweep)).returncode == 0
+    fake.fail(job, "OUT_OF_MEMORY")
+    deadline = time.monotonic() + 60
+    while not any(r["decision"] == "held" for r in audit(sweep)):
+        assert time.monotonic() < deadline, "the resubmission was not held"
+        time.sleep(0.1)
+    assert len(sweep_state(sweep)["tasks"][0]["attempts"]) == 1  # nothing ran while paused
+    assert slurmagent(fake, tmp_path, "resume", "--sweep", str(sweep)).returncode == 0
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err
+    (task,) = sweep_state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
+
+
+def test_watch_takes_over_after_the_launcher_is_killed(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = start(
+        fake,
+        tmp_path,
+        *SYNTHETIC,
+        "-m",
+        "synthetic.steps=30,31",
+        "synthetic.step_time_s=0.05",
+        f"hydra.sweep.dir={sweep}",
+    )
+    first_job_id(sweep)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.communicate(timeout=30)
+    proc = slurmagent(fake, tmp_path, "watch", str(sweep), "--interval", "0.3")
+    assert proc.returncode == 0, proc.stderr
+    assert [t["result"]["digest"] for t in sweep_state(sweep)["tasks"]] == [digest(30), digest(31)]
