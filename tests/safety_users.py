@@ -16,7 +16,6 @@ import pytest
 from filelock import FileLock
 
 USERS = ("sa-alice", "sa-bob")
-ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -49,20 +48,33 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(top)
 
 
-def python_for(user: str) -> tuple[str, dict[str, str]]:
-    """This interpreter when `user` may run it; else the system's python of the same
-    version with this environment's packages on its path (a pyenv under /root is private)."""
+# runs `python -m slurmagent ARGS` for an interpreter outside this virtualenv: the venv's
+# site-packages are added as site directories, so their .pth files (the editable install's
+# import hook, which maps conf/ and skills/ into slurmagent) take effect, as in the venv
+_BOOT = (
+    "import runpy, site, sys\n"
+    "n = sys.argv.index('--')\n"
+    "[site.addsitedir(p) for p in sys.argv[1:n]]\n"
+    "sys.argv = ['slurmagent', *sys.argv[n + 1:]]\n"
+    "runpy.run_module('slurmagent', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def slurmagent_argv(user: str) -> list[str]:
+    """`python -m slurmagent` for `user`: this interpreter when `user` may run it; else the
+    system's python of the same version with this environment's packages (a pyenv under
+    /root is private)."""
     real = os.path.realpath(sys.executable)
     if subprocess.run(["runuser", "-u", user, "--", "test", "-x", real], check=False).returncode == 0:
-        return sys.executable, {}
+        return [sys.executable, "-m", "slurmagent"]
     system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/local/bin:/usr/bin")
     if system is None:
         why = f"no python {sys.version_info.major}.{sys.version_info.minor} that {user} may run"
         if IN_CI:
             pytest.fail(f"approval tests need it under CI: {why}")
         pytest.skip(why)
-    paths = [str(ROOT), *(p for p in sys.path if p.endswith("site-packages"))]
-    return system, {"PYTHONPATH": os.pathsep.join(paths)}
+    sites = [p for p in sys.path if p.endswith("site-packages")]
+    return [system, "-c", _BOOT, *sites, "--"]
 
 
 def run_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,8 +85,6 @@ def run_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
         k: v for k, v in os.environ.items() if k.startswith(keep) or not k.startswith(("SLURMAGENT_", "XDG_", "PYTHON"))
     }
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    python, extra = python_for(user) if user else (sys.executable, {})
-    env.update(extra)
-    prefix = ["runuser", "-u", user, "--"] if user else []
-    argv = [*prefix, python, "-m", "slurmagent", *args]
+    prefix = ["runuser", "-u", user, "--", *slurmagent_argv(user)] if user else [sys.executable, "-m", "slurmagent"]
+    argv = [*prefix, *args]
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd="/", timeout=120)

@@ -37,6 +37,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory, project_root: Path) -> P
     ):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert "hydra_plugins/__init__.py" not in names  # a namespace package: Hydra scans it
+    # conf/, sbatch_templates/, skills/ are mapped into the package: one import path each
+    top = {n.split("/", 1)[0] for n in names if not n.startswith("slurmagent-")}
+    assert top == {"slurmagent", "hydra_plugins"}, top
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True)

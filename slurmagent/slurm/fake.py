@@ -363,6 +363,8 @@ class FakeSlurm:
         }
         with self._edit() as st:
             job = self._job(st, job_id)
+            if job.state != "RUNNING":
+                raise RuntimeError(f"fake Slurm: job {job_id} is {job.state}: only a running job can fail")
             text = stderr or lines.get(state, "").format(raw=job.raw)
             if text:
                 with open(_expand_pattern(job.error, job), "a") as fh:

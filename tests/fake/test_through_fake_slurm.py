@@ -70,7 +70,7 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
         tmp_path,
         *SYNTHETIC,
         "-m",
-        "synthetic.steps=40",
+        "synthetic.steps=80",
         "synthetic.step_time_s=0.05",
         "checkpoint.every_steps=5",
         f"hydra.sweep.dir={sweep}",
@@ -85,7 +85,7 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
     assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and task["diagnosis"]["cause"] == "host_oom"
     assert task["spec"]["resources"]["mem"] == "384M"  # 256M × 1.5
-    assert task["result"]["digest"] == digest(40) and task["result"]["resumed_from"] >= 10
+    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10
     decisions = [(r["type"], r["action"], r["decision"]) for r in audit(sweep)]
     assert decisions == [("decision", "resubmit", "allow"), ("outcome", "resubmit", "allow")]
 
@@ -97,7 +97,7 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
         tmp_path,
         *SYNTHETIC,
         "-m",
-        "synthetic.steps=60",
+        "synthetic.steps=80",
         "synthetic.step_time_s=0.05",
         "checkpoint.every_steps=1000",
         f"hydra.sweep.dir={sweep}",
@@ -111,8 +111,8 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
     (task,) = sweep_state(sweep)["tasks"]
     assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1  # not a new attempt
     result = task["result"]
-    assert result["digest"] == digest(60) and result["resumed_from"] >= 10  # the stop checkpoint
-    assert result["steps_run_here"] == 60 - result["resumed_from"]  # no step redone
+    assert result["digest"] == digest(80) and result["resumed_from"] >= 10  # the stop checkpoint
+    assert result["steps_run_here"] == 80 - result["resumed_from"]  # no step redone
     assert fake.job(job)["runs"][0][0] == "PREEMPTED"
     assert not (sweep / "audit.jsonl").exists()  # SIGTERM: Slurm's own requeue, nothing for the gate
 
@@ -124,7 +124,7 @@ def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: 
         tmp_path,
         *SYNTHETIC,
         "-m",
-        "synthetic.steps=60",
+        "synthetic.steps=80",
         "synthetic.step_time_s=0.05",
         "checkpoint.every_steps=1000",
         "resources.time=00:01:30",  # the warning comes with 1:30 - 0:30 left: within its lead + slack
@@ -137,7 +137,7 @@ def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: 
     _, err = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, err
     (task,) = sweep_state(sweep)["tasks"]
-    assert task["result"]["digest"] == digest(60) and task["attempts"][0]["restarts"] == 1
+    assert task["result"]["digest"] == digest(80) and task["attempts"][0]["restarts"] == 1
     records = audit(sweep)
     assert [(r["type"], r["action"], r["decision"]) for r in records] == [
         ("decision", "requeue", "allow"),
@@ -152,7 +152,7 @@ def test_recovery_waits_while_paused_and_runs_after_resume(fake: FakeSlurm, tmp_
     """The kill switch holds the supervisor's resubmission; `slurmagent resume` lets it run."""
     sweep = tmp_path / "sweep"
     launcher = start(
-        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=30", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
+        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
     )
     job = first_job_id(sweep)
     fake.wait(job, ("RUNNING",))
