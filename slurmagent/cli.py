@@ -27,6 +27,7 @@ def _hydra(argv: list[str]) -> int:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from slurmagent.config import config_error
     from slurmagent.job.task import run_task
 
     # let exceptions reach us, so bad input ends in one clear line instead of a traceback
@@ -43,7 +44,7 @@ def _hydra(argv: list[str]) -> int:
 
         return EXIT_BAD_INPUT if isinstance(exc, (ConfigError, SlurmUnavailableError)) else EXIT_FAILED
     except (HydraException, OmegaConfBaseException) as exc:
-        print(f"slurmagent: error: {exc}", file=sys.stderr)
+        print(f"slurmagent: error: {config_error(exc) or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_FAILED
@@ -326,5 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return handlers[ns.cmd](ns)
         except SlurmAgentError as exc:
             print(f"slurmagent: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except Exception as exc:  # a config that does not compose (render, skill): one line, exit 2
+            if type(exc).__module__.split(".")[0] not in ("hydra", "omegaconf"):
+                raise
+            from slurmagent.config import config_error
+
+            print(f"slurmagent: error: {config_error(exc) or exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     return _hydra(args)

@@ -86,10 +86,21 @@ class HealthConf:
 class LauncherConf:
     """Options of the slurmagent Hydra launcher (hydra.launcher.*)."""
 
+    _target_: str = "hydra_plugins.slurmagent_launcher.launcher.SlurmAgentLauncher"  # the class Hydra builds
     array_parallelism: int = 0  # at most N array tasks running at once (%N); 0 = no throttle
     max_array_size: int = 0  # split arrays above this many tasks; 0 = read MaxArraySize from Slurm
     poll_interval_s: float = 2.0  # seconds between status queries while supervising (grows when idle)
     max_poll_interval_s: float = 30.0  # back-off ceiling for the poll interval
+
+
+@dataclass(frozen=True)
+class SweeperConf:
+    """Options of the slurmagent Hydra sweeper (hydra.sweeper.*): Hydra's basic sweeper that
+    composes one representative job per distinct job shape before launching."""
+
+    _target_: str = "hydra_plugins.slurmagent_launcher.sweeper.SlurmAgentSweeper"  # the class Hydra builds
+    max_batch_size: int | None = None  # jobs per launch batch; None = the whole sweep at once
+    params: dict[str, str] | None = None  # sweep parameters in config, as for Hydra's basic sweeper
 
 
 T = TypeVar("T")
@@ -122,6 +133,15 @@ def _type_name(annotation: Any) -> str:
     return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
+def unknown_key(group: str, key: str, valid: list[str]) -> ConfigError:
+    """`unknown key resources.gpu; valid keys of resources: …; did you mean resources.gpus?`"""
+    import difflib
+
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {group}.{close[0]}?" if close else ""
+    return ConfigError(f"unknown key {group}.{key}; valid keys of {group}: {choices(valid)}{hint}")
+
+
 def parse_conf(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
     """Build dataclass `cls` from a plain mapping; `where` names the config group in errors."""
     data = dict(data or {})
@@ -130,7 +150,7 @@ def parse_conf(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = [k for k in data if k not in known]
     if unknown:
-        raise ConfigError(f"unknown key {where}.{unknown[0]}; valid keys of {where}: {choices(known)}")
+        raise unknown_key(where, unknown[0], known)
     for key, value in data.items():
         if isinstance(value, float) and hints[key] is int and value.is_integer():
             data[key] = int(value)
@@ -277,3 +297,54 @@ def resolve_target(target: str) -> Callable[..., Any]:
     if not callable(obj):
         raise ConfigError(f"task.target={target!r} is not callable")
     return obj  # type: ignore[no-any-return]
+
+
+# -- Hydra structured configs: the dataclasses above are the one source of every default --
+SPEC_NODE = "slurmagent/spec"  # put `- slurmagent/spec` in a defaults list to get the typed groups
+
+
+def _typed(cls: type[Any]) -> Any:
+    """A dataclass as a Hydra config node: typed and closed to unknown keys, but writable
+    (OmegaConf makes frozen dataclasses read-only, which would refuse every override)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(cls)
+    OmegaConf.set_readonly(node, False)
+    return node
+
+
+def register_configs() -> None:
+    """Register the job-spec groups (`slurmagent/spec`, package _global_), the launcher
+    (`hydra/launcher=slurmagent`) and the sweeper (`hydra/sweeper=slurmagent`) with Hydra's
+    ConfigStore. Called when Hydra discovers the plugins (hydra_plugins/slurmagent_launcher)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    groups = {"resources": ResourcesConf, "checkpoint": CheckpointConf, "recovery": RecoveryConf}
+    spec: dict[str, Any] = {"cluster": "auto", **{k: _typed(v) for k, v in groups.items()}}
+    spec.update(task=_typed(TaskConf), health=_typed(HealthConf))
+    group, name = SPEC_NODE.split("/")
+    store.store(group=group, name=name, node=spec, package="_global_", provider="slurmagent")
+    store.store(group="hydra/launcher", name="slurmagent", node=_typed(LauncherConf), provider="slurmagent")
+    store.store(group="hydra/sweeper", name="slurmagent", node=_typed(SweeperConf), provider="slurmagent")
+
+
+def config_error(exc: BaseException) -> ConfigError | None:
+    """An error Hydra or OmegaConf raised about a key of a typed group, as a ConfigError that
+    names the key, the valid keys and the closest one (`resources.gpu` → did you mean
+    resources.gpus?); None when the error is about something else."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        full_key = str(getattr(seen, "full_key", "") or "")
+        owner = getattr(seen, "object_type", None)
+        missing = isinstance(seen, (ConfigKeyError, ConfigAttributeError))
+        if missing and full_key and owner is not None and dataclasses.is_dataclass(owner):
+            group, _, leaf = full_key.rpartition(".")
+            return unknown_key(group, leaf, [f.name for f in dataclasses.fields(owner) if f.name != "_target_"])
+        if isinstance(seen, ValidationError) and full_key:
+            reason = str(seen).splitlines()[0]
+            return ConfigError(f"{full_key}: {reason}")
+        seen = seen.__cause__ or seen.__context__
+    return None

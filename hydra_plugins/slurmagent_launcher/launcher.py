@@ -1,24 +1,37 @@
 """Thin shim: Hydra instantiates launchers only from classes defined in the hydra_plugins
-namespace, so the launcher is declared here and implemented in slurmagent.launch."""
+namespace, so the launcher is declared here; its implementation (slurmagent.launch) is
+imported when a sweep is launched, not when Hydra discovers plugins. Importing this module
+registers slurmagent's configs (slurmagent.config: the one source of their defaults)."""
 
-from hydra.core.config_store import ConfigStore
+from __future__ import annotations
 
-from slurmagent.launch import launcher as _impl
+from collections.abc import Sequence
+from typing import Any
+
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from slurmagent.config import register_configs
 
 
-class SlurmAgentLauncher(_impl.ArrayLauncher):
+class SlurmAgentLauncher(Launcher):
     """Hydra launcher: a sweep becomes Slurm job arrays (or local processes), supervised."""
 
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+        self._impl: Any = None
 
-ConfigStore.instance().store(
-    group="hydra/launcher",
-    name="slurmagent",
-    node={
-        "_target_": "hydra_plugins.slurmagent_launcher.launcher.SlurmAgentLauncher",
-        "array_parallelism": 0,  # at most N array tasks at once (%N); 0 = no throttle
-        "max_array_size": 0,  # split arrays above this; 0 = the cluster's MaxArraySize
-        "poll_interval_s": 2.0,  # seconds between status queries (grows while nothing changes)
-        "max_poll_interval_s": 30.0,  # back-off ceiling
-    },
-    provider="slurmagent",
-)
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from slurmagent.launch.launcher import ArrayLauncher
+
+        self._impl = ArrayLauncher(**self.params)
+        self._impl.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        assert self._impl is not None, "Hydra calls setup() before launch()"
+        return self._impl.launch(job_overrides, initial_job_idx)  # type: ignore[no-any-return]
+
+
+register_configs()

@@ -20,12 +20,13 @@ from typing import Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
-from hydra.plugins.launcher import Launcher
+from hydra.errors import HydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from slurmagent.config import JobSpec, LauncherConf, job_spec, parse_conf, spec_dict, spec_key
+from slurmagent.config import JobSpec, LauncherConf, config_error, job_spec, parse_conf, spec_dict, spec_key
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.job.runner import SweepRunner, TaskPayload, write_context
 from slurmagent.job.task import run_task
@@ -43,7 +44,10 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-class ArrayLauncher(Launcher):
+class ArrayLauncher:
+    """What `hydra/launcher=slurmagent` runs (the Hydra plugin class is a thin shim in
+    hydra_plugins/slurmagent_launcher that imports this when a sweep is launched)."""
+
     def __init__(self, **params: Any) -> None:
         params.pop("_target_", None)
         self.params = params
@@ -65,13 +69,14 @@ class ArrayLauncher(Launcher):
         for overrides in job_overrides:
             key = tuple(o for o in overrides if spec_relevant(o))
             if key not in cache:
-                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
                 try:
+                    cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
                     # a user's own Hydra app brings its own task function: no `task` needed
                     cache[key] = job_spec(spec_dict(cfg), require_task=self.task_function is run_task)
-                except ConfigError as exc:
+                except (ConfigError, HydraException, OmegaConfBaseException) as exc:
+                    why = exc if isinstance(exc, ConfigError) else (config_error(exc) or exc)
                     raise ConfigError(
-                        f"{exc} (task overrides: {' '.join(overrides) or 'none'}); nothing was submitted"
+                        f"{why} (task overrides: {' '.join(overrides) or 'none'}); nothing was submitted"
                     ) from None
             specs.append(cache[key])
         return specs

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-SPEC_ROOTS = ("cluster", "resources", "checkpoint", "recovery", "task", "hydra")
+from slurmagent.config import SPEC_GROUPS
+
+SPEC_ROOTS = (*SPEC_GROUPS, "hydra")  # overrides under these can change a job spec
 
 
 def spec_relevant(override: str) -> bool:
