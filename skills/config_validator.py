@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from slurmagent.config import site_conf
 from slurmagent.errors import ConfigError, choices
 from slurmagent.skills._base import SkillResult, Status, TypedSkill, worst
 
@@ -55,6 +56,7 @@ class MemoryEstimate:
     total_bytes: int
     gpu_type: str | None
     gpu_bytes: int | None  # usable memory of the target GPU type (minus headroom)
+    catalogue: dict[str, float] = field(default_factory=dict)  # GPU type → GiB (site.gpus), for suggestions
 
     def gib(self, n: int) -> str:
         return f"{n / GIB:.2f} GiB"
@@ -221,10 +223,22 @@ def estimate_memory(cfg: Mapping[str, Any], gpu_type: str | None = None) -> Memo
     opt_bytes = int(data["optimiser_state_bytes"].get(optimiser, 8)) * params
     total = params * (w + g) + opt_bytes + activation
     gpu_type = gpu_type or lookup(cfg, "resources.gpu_type", None)
-    mem = data["gpu_memory_gib"].get(str(gpu_type).lower()) if gpu_type else None
+    site = site_conf(lookup(cfg, "site", None))
+    mem = site.memory_gib(gpu_type)
     gpu_bytes = int((mem - data["headroom_gib"]) * GIB) if mem else None
     return MemoryEstimate(
-        params, batch, precision, optimiser, params * w, params * g, opt_bytes, activation, total, gpu_type, gpu_bytes
+        params,
+        batch,
+        precision,
+        optimiser,
+        params * w,
+        params * g,
+        opt_bytes,
+        activation,
+        total,
+        gpu_type,
+        gpu_bytes,
+        {name: gpu.memory_gib for name, gpu in site.gpus.items()},
     )
 
 
@@ -235,7 +249,7 @@ def memory_issues(est: MemoryEstimate) -> list[Issue]:
     need = est.gib(est.total_bytes)
     fits = sorted(
         (gib, name)
-        for name, gib in validator_data()["gpu_memory_gib"].items()
+        for name, gib in est.catalogue.items()
         if (gib - validator_data()["headroom_gib"]) * GIB >= est.total_bytes
     )
     other = f"a GPU type with at least {need} ({fits[0][1]})" if fits else "sharding the model (FSDP/ZeRO) over GPUs"

@@ -13,7 +13,8 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from functools import cache
+from typing import Any, Literal, TypeVar, cast
 
 from slurmagent.errors import ConfigError, choices
 from slurmagent.slurm.syntax import mem_to_mb, slurm_time_to_seconds
@@ -80,6 +81,48 @@ class HealthConf:
     skill: str = "gpu_health_check"  # registered skill to run
     inputs: dict[str, Any] = field(default_factory=dict)  # the skill's inputs (e.g. readings_file, gpus)
     stop_on_critical: bool = True  # checkpoint, requeue and exclude this node on CRITICAL
+
+
+@dataclass  # not frozen: OmegaConf makes a frozen dataclass's nodes read-only, and site.gpus entries get merged
+class GpuConf:
+    """One GPU type of the site's catalogue (conf/site/default.yaml)."""
+
+    memory_gib: float  # memory per GPU, GiB
+
+
+@dataclass(frozen=True)
+class SiteConf:
+    """The site's hardware facts Slurm does not know (site.*; conf/site/default.yaml)."""
+
+    gpus: dict[str, GpuConf] = field(default_factory=dict)  # GRES type name → what the GPU is
+
+    def memory_gib(self, gpu_type: str | None) -> float | None:
+        """Memory per GPU of a type; None for an unknown (or no) type."""
+        gpu = self.gpus.get(str(gpu_type).lower()) if gpu_type else None
+        return gpu.memory_gib if gpu is not None else None
+
+
+def site_conf(raw: Mapping[str, Any] | None) -> SiteConf:
+    """The `site` group of a composed config; the packaged default when there is none (a
+    user's own Hydra app, a sweep recorded before it existed)."""
+    if raw is None:
+        return default_site()
+    gpus = raw.get("gpus") or {}
+    if not isinstance(gpus, Mapping):
+        raise ConfigError(f"site.gpus must map GPU types to {{memory_gib: …}}, not {gpus!r}")
+    return SiteConf({str(k): parse_conf(GpuConf, v, f"site.gpus.{k}") for k, v in gpus.items()})
+
+
+@cache
+def default_site() -> SiteConf:
+    from importlib import resources
+
+    from omegaconf import OmegaConf
+
+    text = resources.files("slurmagent.conf").joinpath("site", "default.yaml").read_text()
+    raw = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+    assert isinstance(raw, dict)
+    return site_conf(cast(dict[str, Any], raw))
 
 
 @dataclass(frozen=True)
@@ -239,13 +282,13 @@ class JobSpec:
 SPEC_GROUPS = ("cluster", "resources", "checkpoint", "recovery", "task", "health")
 
 
-def spec_dict(cfg: Any) -> dict[str, Any]:
-    """The job-spec groups of a composed Hydra config, as plain data (for `job_spec`)."""
+def spec_dict(cfg: Any, groups: tuple[str, ...] = SPEC_GROUPS) -> dict[str, Any]:
+    """The job-spec groups (or other `groups`) of a composed Hydra config, as plain data."""
     from omegaconf import OmegaConf
 
     return {
         k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
-        for k in SPEC_GROUPS
+        for k in groups
         if k in cfg
     }
 
@@ -322,7 +365,7 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     groups = {"resources": ResourcesConf, "checkpoint": CheckpointConf, "recovery": RecoveryConf}
     spec: dict[str, Any] = {"cluster": "auto", **{k: _typed(v) for k, v in groups.items()}}
-    spec.update(task=_typed(TaskConf), health=_typed(HealthConf))
+    spec.update(task=_typed(TaskConf), health=_typed(HealthConf), site=_typed(SiteConf))
     group, name = SPEC_NODE.split("/")
     store.store(group=group, name=name, node=spec, package="_global_", provider="slurmagent")
     store.store(group="hydra/launcher", name="slurmagent", node=_typed(LauncherConf), provider="slurmagent")

@@ -27,8 +27,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from slurmagent.config import CheckpointConf, parse_conf
-from slurmagent.recovery.plan import GPU_MEMORY_GIB
+from slurmagent.config import CheckpointConf, parse_conf, site_conf, spec_dict
 from slurmagent.runtime import StepLoop, current
 from slurmagent.runtime.adapt import MicroBatcher
 from slurmagent.runtime.faults import StepGuard
@@ -36,8 +35,6 @@ from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_h
 
 log = logging.getLogger(__name__)
 
-# emulated capacity: 1 MiB per GiB of the real card, so small CPU models hit it
-EMULATED_MEMORY_MIB = dict(GPU_MEMORY_GIB)
 FAULTS = ("none", "gpu_oom", "cuda_error", "nccl")
 
 
@@ -71,7 +68,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     loop = StepLoop(ctx, state, total_steps=int(g.steps), conf=ck)
     batcher = MicroBatcher(int(g.batch_size), max_halvings=int(g.max_halvings))
     gpu_type = str(ctx.resources.get("gpu_type") or "t4")
-    capacity = float(EMULATED_MEMORY_MIB.get(gpu_type, 16))
+    # emulated capacity: 1 MiB per GiB of the real card (the site's catalogue), so small CPU models hit it
+    capacity = float(site_conf(spec_dict(cfg, ("site",)).get("site")).memory_gib(gpu_type) or 16)
     per_sample = float(g.sample_mib)
     injected = {"cuda": 0}
     bad_node = str(g.bad_node)

@@ -26,7 +26,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
-from slurmagent.config import JobSpec, LauncherConf, config_error, job_spec, parse_conf, spec_dict, spec_key
+from slurmagent.config import (
+    JobSpec,
+    LauncherConf,
+    config_error,
+    job_spec,
+    parse_conf,
+    site_conf,
+    spec_dict,
+    spec_key,
+)
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.job.runner import SweepRunner, TaskPayload, write_context
 from slurmagent.job.task import run_task
@@ -174,6 +183,7 @@ class ArrayLauncher:
                     context_path=str(ctx_path),
                     launcher=dataclasses.asdict(conf),
                     job_name=name,
+                    site=dataclasses.asdict(site_conf(spec_dict(self.config, ("site",)).get("site"))),
                 )
             )
         console.print(

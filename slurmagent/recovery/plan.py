@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from slurmagent.config import JobSpec, ResourcesConf
+from slurmagent.config import JobSpec, ResourcesConf, SiteConf, default_site
 from slurmagent.recovery.diagnose import Diagnosis
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.syntax import format_mb, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds, split_hostlist
@@ -20,23 +20,6 @@ NODE_SUSPECT_CAUSES = frozenset(
 )
 # causes that exclude the node at once; the others only when the same node failed before
 EXCLUDE_AT_ONCE = frozenset({"node_failure", "gpu_suspect"})
-# memory per GPU type in GiB (the largest common variant), to move a GPU OOM to a bigger type;
-# Slurm does not know GPU memory, so this table is the one place that does
-GPU_MEMORY_GIB: dict[str, int] = {
-    "k80": 12,
-    "p100": 16,
-    "t4": 16,
-    "v100": 32,
-    "a10": 24,
-    "l4": 24,
-    "a40": 48,
-    "l40": 48,
-    "l40s": 48,
-    "a100": 80,
-    "h100": 80,
-    "h200": 141,
-    "b200": 180,
-}
 
 
 @dataclass(frozen=True)
@@ -99,7 +82,10 @@ def plan(
     last_nodes: str,
     cluster: ClusterInfo | None,
     suspect_nodes: dict[str, int] | None = None,
+    site: SiteConf | None = None,
 ) -> Resubmit | Stop:
+    """What to do after attempt `attempts_so_far` ended with `diagnosis`; `site` is the GPU
+    catalogue (memory per type: Slurm does not know it), the packaged one when not given."""
     res = spec.resources
     bound = spec.recovery.max_attempts
     if not diagnosis.retryable:
@@ -110,7 +96,7 @@ def plan(
     if diagnosis.cause == "gpu_oom":
         # the runtime's MicroBatcher halves the micro-batch in process first; reaching here
         # means that was not used or not enough: move to a GPU type with more memory
-        bigger = bigger_gpu(res.gpu_type, cluster, part)
+        bigger = bigger_gpu(res.gpu_type, cluster, part, site or default_site())
         if bigger is None:
             return Stop(
                 f"{diagnosis.summary} Not retried: no GPU type with more memory than {res.gpu_type or 'the current'}"
@@ -170,22 +156,24 @@ def plan(
     return Resubmit(res, f"{diagnosis.cause}: resubmit unchanged (attempt {attempts_so_far + 1} of {bound})", {})
 
 
-def bigger_gpu(current: str | None, cluster: ClusterInfo | None, partition: str | None) -> tuple[str, str] | None:
-    """The smallest GPU type on the cluster with more memory than `current`, and a partition
-    with nodes of that type (the job's own partition first, then the default); None when
-    there is none."""
-    if cluster is None or current is None or current not in GPU_MEMORY_GIB:
+def bigger_gpu(
+    current: str | None, cluster: ClusterInfo | None, partition: str | None, site: SiteConf
+) -> tuple[str, str] | None:
+    """The smallest GPU type on the cluster with more memory than `current` (memory from the
+    site's catalogue), and a partition with nodes of that type (the job's own partition
+    first, then the default); None when there is none."""
+    have = site.memory_gib(current)
+    if cluster is None or have is None:
         return None
-    have = GPU_MEMORY_GIB[current]
     found: dict[str, str] = {}
     ordered = sorted(cluster.partitions.values(), key=lambda p: (p.name != partition, not p.default))
     for p in ordered:
         for n in p.nodes:
             node = cluster.nodes.get(n)
             for gpu in node.gpus if node else ():
-                if GPU_MEMORY_GIB.get(gpu, 0) > have:
+                if (site.memory_gib(gpu) or 0) > have:
                     found.setdefault(gpu, p.name)
     if not found:
         return None
-    best = min(found, key=lambda g: GPU_MEMORY_GIB[g])
+    best = min(found, key=lambda g: site.memory_gib(g) or 0)
     return best, found[best]

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurmagent.config import JobSpec, ResourcesConf, job_spec
+from slurmagent.config import JobSpec, ResourcesConf, job_spec, site_conf
 from slurmagent.errors import SlurmAgentError
 from slurmagent.files import atomic_write
 from slurmagent.records import Action, Decision, Evidence
@@ -123,6 +123,7 @@ class Recoverer:
             attempt.nodes,
             self.cluster(state),
             {k: v - 1 for k, v in state.suspect_nodes.items()},
+            site_conf(state.site),
         )
         seen = {"slurm_state": task.state, "attempt": len(task.attempts), "nodes": attempt.nodes}
         if not isinstance(step, Resubmit):

@@ -67,6 +67,7 @@ class SweepState:
     launcher: dict[str, Any] = field(default_factory=dict)  # hydra.launcher options of the sweep
     job_name: str = ""  # Slurm job name of the sweep's jobs
     suspect_nodes: dict[str, int] = field(default_factory=dict)  # node → failures blamed on it
+    site: dict[str, Any] | None = None  # the site's catalogue the sweep was launched with (SiteConf)
 
     @property
     def done(self) -> bool:
