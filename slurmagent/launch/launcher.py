@@ -154,38 +154,32 @@ class ArrayLauncher:
                 executor = make_executor(backend, folder, spec, conf, len(part), name, self.slurm)
                 jobs = executor.map_array(runner, part)
                 now = time.time()
+                key = spec_key(spec)  # replaced by the sweep's own spec id below
                 for payload, job in zip(part, jobs, strict=True):
                     records.append(
-                        TaskRecord(
-                            payload.index,
-                            list(payload.overrides),
-                            [Attempt(str(job.job_id), now)],
-                            spec=dataclasses.asdict(spec),
-                        )
+                        TaskRecord(payload.index, list(payload.overrides), [Attempt(str(job.job_id), now)], spec_id=key)
                     )
                 if backend == "slurm" and jobs:
                     array_ids.append(str(jobs[0].job_id).split("_")[0])
         records.sort(key=lambda r: r.index)
+
+        def add(state: SweepState) -> None:
+            ids = {key: state.add_spec(dataclasses.asdict(spec)) for key, (spec, _) in groups.items()}
+            for r in records:
+                r.spec_id = ids[r.spec_id]
+            state.tasks.extend(records)
+            state.array_ids.extend(array_ids)
+
         store = SweepStore(sweep_dir)
         if store.exists():  # a later batch of the same sweep (e.g. an adaptive sweeper)
             with store.edit() as existing:
-                existing.tasks.extend(records)
-                existing.array_ids.extend(array_ids)
+                add(existing)
         else:
-            store.create(
-                SweepState(
-                    str(sweep_dir),
-                    backend,
-                    str(folder),
-                    time.time(),
-                    records,
-                    array_ids,
-                    context_path=str(ctx_path),
-                    launcher=dataclasses.asdict(conf),
-                    job_name=name,
-                    site=dataclasses.asdict(site_conf(spec_dict(self.config, ("site",)).get("site"))),
-                )
-            )
+            site = site_conf(spec_dict(self.config, ("site",)).get("site"))
+            new = SweepState(str(sweep_dir), backend, str(folder), time.time(), [], [], context_path=str(ctx_path))
+            new.launcher, new.job_name, new.site = dataclasses.asdict(conf), name, dataclasses.asdict(site)
+            add(new)
+            store.create(new)
         console.print(
             f"[slurmagent] {len(records)} task(s) submitted to {backend} as {len(array_ids) or len(records)} "
             f"{'array(s) ' + ', '.join(array_ids) if array_ids else 'local process(es)'} in "

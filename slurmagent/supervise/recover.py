@@ -99,7 +99,7 @@ class Recoverer:
 
     def handle(self, state: SweepState, task: TaskRecord) -> None:
         """Called (under the sweep lock) when `task` just ended without a result."""
-        if task.state not in RECOVERABLE_STATES or not task.spec or task.job_id is None:
+        if task.state not in RECOVERABLE_STATES or not state.spec_of(task) or task.job_id is None:
             return
         attempt = task.attempts[-1]
         if task.state in NODE_FAILURE_STATES and state.backend == "slurm" and self._requeued_by_slurm(task):
@@ -115,7 +115,7 @@ class Recoverer:
     def _plan_and_request(self, state: SweepState, task: TaskRecord, diag: Diagnosis, logs: dict[str, str]) -> None:
         assert task.job_id is not None
         attempt = task.attempts[-1]
-        spec = job_spec(task.spec, require_task=False)
+        spec = job_spec(state.spec_of(task), require_task=False)
         step = plan(
             spec,
             len(task.attempts),
@@ -209,7 +209,7 @@ class Recoverer:
     def _retry_approved(
         self, state: SweepState, task: TaskRecord, approval: str, held: dict[str, dict[str, Any]], key: str
     ) -> bool:
-        spec = job_spec(task.spec, require_task=False)
+        spec = job_spec(state.spec_of(task), require_task=False)
         gate = Gate(self.audit, {}, job=task.job_id or "")
         st = gate.approvals.status(approval)
         if st.state == "pending":
@@ -278,7 +278,7 @@ class Recoverer:
         """Apply an executed resubmission's outcome to the sweep state: the task's next attempt."""
         job_id = str(outcome["job_id"])
         task.attempts.append(Attempt(job_id, time.time()))
-        task.spec = dataclasses.asdict(dataclasses.replace(spec, resources=step.resources))
+        task.spec_id = state.add_spec(dataclasses.asdict(dataclasses.replace(spec, resources=step.resources)))
         task.state, task.error = "PENDING", ""
         state.finished_at = None
         if state.backend == "slurm":
@@ -316,10 +316,10 @@ class Recoverer:
         task.diagnosis = diag.to_json()
         for node in split_hostlist(failed):
             state.suspect_nodes[node] = state.suspect_nodes.get(node, 0) + 1
-        if not task.spec or job_state != "PENDING":
+        if not state.spec_of(task) or job_state != "PENDING":
             log.warning("task %d: node %s failed; Slurm requeued the job (now %s)", task.index, failed, job_state)
             return
-        spec = job_spec(task.spec, require_task=False)
+        spec = job_spec(state.spec_of(task), require_task=False)
         resources, changes = exclude_nodes(spec.resources, failed)
         params: dict[str, Any] = {"exclude": resources.exclude}
         if any(k.startswith("extra.") for k in changes):  # it was pinned there: unpin (ReqNodeList)
@@ -342,7 +342,7 @@ class Recoverer:
             )
         )
         if out.executed:
-            task.spec = dataclasses.asdict(dataclasses.replace(spec, resources=resources))
+            task.spec_id = state.add_spec(dataclasses.asdict(dataclasses.replace(spec, resources=resources)))
             log.warning(
                 "task %d: node %s failed; its requeued job %s now excludes %s",
                 task.index,

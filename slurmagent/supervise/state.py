@@ -5,18 +5,19 @@ watch` can pick the sweep up again.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from slurmagent.errors import SweepStateError
-from slurmagent.files import atomic_write
+from slurmagent.files import atomic_file
 from slurmagent.slurm.seam import TERMINAL_STATES
 
 STATE_FILE = "sweep.json"
@@ -42,7 +43,7 @@ class TaskRecord:
     state: str = "PENDING"  # state of the latest attempt
     result: Any = None  # JSON form of the return value, when it completed
     error: str = ""  # failure summary: state, reason, last stderr lines
-    spec: dict[str, Any] = field(default_factory=dict)  # the JobSpec of the latest attempt (for resubmission)
+    spec_id: str = ""  # its latest attempt's JobSpec: a key of SweepState.specs (shared by tasks alike)
     diagnosis: dict[str, Any] | None = None  # the last failure's diagnosis (recovery/diagnose.py)
 
     @property
@@ -68,6 +69,7 @@ class SweepState:
     job_name: str = ""  # Slurm job name of the sweep's jobs
     suspect_nodes: dict[str, int] = field(default_factory=dict)  # node → failures blamed on it
     site: dict[str, Any] | None = None  # the site's catalogue the sweep was launched with (SiteConf)
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)  # id → a JobSpec (asdict), stored once
 
     @property
     def done(self) -> bool:
@@ -79,8 +81,25 @@ class SweepState:
             c[t.state] = c.get(t.state, 0) + 1
         return c
 
+    def spec_of(self, task: TaskRecord) -> dict[str, Any]:
+        """The JobSpec (as a dict) `task`'s latest attempt runs with; {} when it has none."""
+        return self.specs.get(task.spec_id, {})
+
+    def add_spec(self, spec: dict[str, Any]) -> str:
+        """The id of this spec in `specs`, added once however many tasks share it."""
+        key = json.dumps(spec, sort_keys=True)
+        for spec_id, known in self.specs.items():
+            if json.dumps(known, sort_keys=True) == key:
+                return spec_id
+        spec_id = str(len(self.specs))
+        self.specs[spec_id] = spec
+        return spec_id
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data for sweep.json, without copying what is already plain (10,000 tasks)."""
+        out = dict(vars(self))
+        out["tasks"] = [{**vars(t), "attempts": [vars(a) for a in t.attempts]} for t in self.tasks]
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SweepState:
@@ -124,7 +143,11 @@ class SweepStore:
     def _write(self, state: SweepState) -> None:
         for t in state.tasks:
             t.result = _jsonable(t.result)
-        atomic_write(self.path, json.dumps(state.to_json(), indent=1).encode())
+        with atomic_file(self.path) as fh:  # streamed: a 10,000-task sweep is never one big string
+            text = io.TextIOWrapper(fh, encoding="utf-8")
+            json.dump(state.to_json(), text, indent=1)
+            text.flush()
+            text.detach()  # the file itself is closed (after fsync) by atomic_file
 
     @contextmanager
     def edit(self) -> Iterator[SweepState]:

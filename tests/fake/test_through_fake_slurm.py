@@ -81,10 +81,11 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
     fake.fail(job, "OUT_OF_MEMORY")  # the cgroup's OOM kill, with slurmstepd's line in stderr
     _, err = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, err
-    (task,) = sweep_state(sweep)["tasks"]
+    state = sweep_state(sweep)
+    (task,) = state["tasks"]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
     assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and task["diagnosis"]["cause"] == "host_oom"
-    assert task["spec"]["resources"]["mem"] == "384M"  # 256M × 1.5
+    assert state["specs"][task["spec_id"]]["resources"]["mem"] == "384M"  # 256M × 1.5
     assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10
     decisions = [(r["type"], r["action"], r["decision"]) for r in audit(sweep)]
     assert decisions == [("decision", "resubmit", "allow"), ("outcome", "resubmit", "allow")]

@@ -740,7 +740,7 @@ def summarize(run: Run, wall_s: float, rc: int | None, reference: dict[int, dict
     differs from what the case expects (`problems`)."""
     case = run.case
     state = run.state() or {"tasks": []}
-    tasks = state["tasks"]
+    tasks = [{**t, "spec": state.get("specs", {}).get(t.get("spec_id"), {})} for t in state["tasks"]]
     audit_path = run.sweep / "audit.jsonl"
     audit = [json.loads(x) for x in audit_path.read_text().splitlines()] if audit_path.exists() else []
     history = {t["index"]: [s for a in t["attempts"] for s in _history(a["job_id"], run.env)] for t in tasks}

@@ -99,9 +99,13 @@ def test_oom_is_held_while_paused_and_resubmitted_after_resume(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
+    state = json.loads((sweep / "sweep.json").read_text())
+    task = state["tasks"][0]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
-    assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and task["spec"]["resources"]["mem"] == "384M"
+    assert (
+        task["attempts"][0]["state"] == "OUT_OF_MEMORY"
+        and state["specs"][task["spec_id"]]["resources"]["mem"] == "384M"
+    )
     recs = records(audit)
     assert [(r["type"], r["decision"]) for r in recs] == [
         ("decision", "held"),
@@ -158,9 +162,10 @@ def test_a_resubmission_that_needs_approval_waits_for_another_real_user(slurm_co
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode == 0, err[-3000:]
-        task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
+        state = json.loads((sweep / "sweep.json").read_text())
+        task = state["tasks"][0]
         assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
-        assert task["spec"]["resources"]["mem"] == "384M"
+        assert state["specs"][task["spec_id"]]["resources"]["mem"] == "384M"
         recs = records(audit)
         assert [(r["type"], r["user"], r["decision"]) for r in recs] == [
             ("decision", "root", "needs_approval"),

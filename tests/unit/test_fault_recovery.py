@@ -118,8 +118,8 @@ class Recorded:
 def sweep_with_task(tmp_path: Path, state: str) -> tuple[SweepState, TaskRecord]:
     spec = job_spec({"task": {"target": "a:b"}, "resources": {"exclude": "cpu-2", "extra": {"nodelist": "t4-2"}}})
     task = TaskRecord(0, [], [Attempt("800037", 0.0, state=state, nodes="t4-2")], state=state)
-    task.spec = dataclasses.asdict(spec)
     sweep = SweepState(str(tmp_path), "slurm", str(tmp_path / ".submitit"), 0.0, [task])
+    task.spec_id = sweep.add_spec(dataclasses.asdict(spec))
     return sweep, task
 
 
@@ -149,7 +149,8 @@ def test_requeued_job_has_the_failed_node_excluded_in_place(tmp_path: Path) -> N
     rec.requeued_after_node_failure(sweep, task, status.earlier, status.state)
     assert runner.calls == [["scontrol", "update", "JobId=800037", "ExcNodeList=cpu-2,t4-2", "ReqNodeList="]]
     assert sweep.suspect_nodes == {"t4-2": 1}
-    assert task.spec["resources"]["exclude"] == "cpu-2,t4-2" and task.spec["resources"]["extra"] == {}
+    resources = sweep.spec_of(task)["resources"]
+    assert resources["exclude"] == "cpu-2,t4-2" and resources["extra"] == {}
     assert task.diagnosis is not None and task.diagnosis["cause"] == "node_failure"
     records = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert [(r["type"], r["action"]) for r in records] == [("decision", "exclude_node"), ("outcome", "exclude_node")]

@@ -63,9 +63,9 @@ def layer(module: str) -> int:
     best: tuple[int, int] | None = None  # (prefix length, layer)
     for index, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + "."):
-                if best is None or len(prefix) > best[0]:
-                    best = (len(prefix), index)
+            matches = module == prefix or module.startswith(prefix + ".")
+            if matches and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
     assert best is not None, f"{module} is in no layer: add it to LAYERS (and to docs/architecture.md)"
     return best[1]
 

@@ -37,11 +37,11 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def oom_state(sweep: Path) -> tuple[SweepState, TaskRecord]:
     spec = job_spec({"task": {"target": "a:b"}, "resources": {"mem": "1G"}, "cluster": "local"})
     task = TaskRecord(0, ["x=1"], [Attempt("4242", time.time(), "OUT_OF_MEMORY")], "OUT_OF_MEMORY")
-    task.spec = dataclasses.asdict(spec)
     task.error = "OUT_OF_MEMORY"
     (sweep / "0").mkdir()
     (sweep / "0" / "command.stderr").write_text((LOGS / "host_oom.err").read_text())
     state = SweepState(str(sweep), "local", str(sweep / ".submitit"), time.time(), [task])
+    task.spec_id = state.add_spec(dataclasses.asdict(spec))
     return state, task
 
 
