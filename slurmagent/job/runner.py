@@ -43,7 +43,12 @@ def write_context(path: Path, hydra_context: Any, task_function: Any, config: An
 
 @dataclass(frozen=True)
 class SweepRunner:
-    """Called by submitit on the compute node (or locally) with one TaskPayload."""
+    """Called by submitit on the compute node (or locally) with one TaskPayload.
+
+    The first run of a task composes its config from the sweep's context. When the task
+    stops to be requeued (preemption, time limit, a sick node), it leaves what it ran with
+    (composed config, task function, Hydra callbacks) in `.slurmagent/requeue/`, and the
+    requeued run starts from that: no context to unpickle, no composition."""
 
     context_path: str  # the sweep's pickled context
     backend: str  # "slurm" or "local"
@@ -51,25 +56,17 @@ class SweepRunner:
 
     def __call__(self, payload: TaskPayload) -> Any:
         from hydra.core.hydra_config import HydraConfig
-        from hydra.core.singleton import Singleton
         from hydra.core.utils import JobReturn, run_job
-        from omegaconf import open_dict
 
         from slurmagent.job.task import run_task, wrap_user_task
+        from slurmagent.runtime.loop import StopForRequeue
 
-        with open(self.context_path, "rb") as fh:
-            ctx = cloudpickle.load(fh)
-        Singleton.set_state(ctx["singleton_state"])
-        hydra_context = ctx["hydra_context"]
-        sweep_config = hydra_context.config_loader.load_sweep_config(ctx["config"], list(payload.overrides))
         job_id = _job_id()
-        with open_dict(sweep_config.hydra.job):
-            sweep_config.hydra.job.id = job_id
-            sweep_config.hydra.job.num = payload.index
-        if payload.resources:
-            with open_dict(sweep_config):
-                for key, value in payload.resources.items():
-                    sweep_config.resources[key] = value
+        saved = self._requeue_file(payload, job_id)
+        if saved.exists():
+            sweep_config, task_function, hydra_context = self._resume(saved)
+        else:
+            sweep_config, task_function, hydra_context = self._compose(payload, job_id)
         os.environ.update(
             {
                 JobEnv.BACKEND: self.backend,
@@ -80,17 +77,69 @@ class SweepRunner:
             }
         )
         HydraConfig.instance().set_config(sweep_config)
-        task_function = ctx["task_function"]
-        if task_function is not run_task:  # a user's own Hydra app: run it as a slurmagent job too
-            task_function = wrap_user_task(task_function)
-        ret: JobReturn = run_job(
-            hydra_context=hydra_context,
-            task_function=task_function,
-            config=sweep_config,
-            job_dir_key="hydra.sweep.dir",
-            job_subdir_key="hydra.sweep.subdir",
-        )
+        job_function = task_function if task_function is run_task else wrap_user_task(task_function)
+        try:
+            ret: JobReturn = run_job(
+                hydra_context=hydra_context,
+                task_function=job_function,
+                config=sweep_config,
+                job_dir_key="hydra.sweep.dir",
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        except StopForRequeue:
+            if not saved.exists():
+                self._save_for_requeue(saved, sweep_config, task_function, hydra_context)
+            raise
         return ret
+
+    def _requeue_file(self, payload: TaskPayload, job_id: str) -> Path:
+        # one per Slurm job: a requeue keeps the job id; a resubmission is a new job
+        return Path(self.sweep_dir) / ".slurmagent" / "requeue" / f"{payload.index}-{job_id}.pkl"
+
+    def _compose(self, payload: TaskPayload, job_id: str) -> tuple[Any, Any, Any]:
+        from hydra.core.singleton import Singleton
+        from omegaconf import open_dict
+
+        with open(self.context_path, "rb") as fh:
+            ctx = cloudpickle.load(fh)
+        Singleton.set_state(ctx["singleton_state"])
+        hydra_context = ctx["hydra_context"]
+        sweep_config = hydra_context.config_loader.load_sweep_config(ctx["config"], list(payload.overrides))
+        with open_dict(sweep_config.hydra.job):
+            sweep_config.hydra.job.id = job_id
+            sweep_config.hydra.job.num = payload.index
+        if payload.resources:
+            with open_dict(sweep_config):
+                for key, value in payload.resources.items():
+                    sweep_config.resources[key] = value
+        return sweep_config, ctx["task_function"], hydra_context
+
+    @staticmethod
+    def _save_for_requeue(path: Path, sweep_config: Any, task_function: Any, hydra_context: Any) -> None:
+        from hydra import version
+
+        base = version.getbase()
+        state = {
+            "config": sweep_config,
+            "task_function": task_function,
+            "callbacks": hydra_context.callbacks,
+            "version_base": None if base is None else str(base),
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, cloudpickle.dumps(state))
+
+    @staticmethod
+    def _resume(path: Path) -> tuple[Any, Any, Any]:
+        from hydra import version
+        from hydra.types import HydraContext
+
+        with open(path, "rb") as fh:
+            state = cloudpickle.load(fh)
+        if state["version_base"] is not None:
+            version.setbase(state["version_base"])
+        # run_job uses only the callbacks of the Hydra context; no config loader is needed here
+        context = HydraContext(config_loader=None, callbacks=state["callbacks"])  # type: ignore[arg-type]
+        return state["config"], state["task_function"], context
 
 
 def _job_id() -> str:

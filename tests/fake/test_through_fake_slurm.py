@@ -115,6 +115,8 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
     assert result["digest"] == digest(80) and result["resumed_from"] >= 10  # the stop checkpoint
     assert result["steps_run_here"] == 80 - result["resumed_from"]  # no step redone
     assert fake.job(job)["runs"][0][0] == "PREEMPTED"
+    # the requeued run started from what the stopped one left (no composition, no sweep context)
+    assert (sweep / ".slurmagent" / "requeue" / f"0-{job}.pkl").is_file()
     assert not (sweep / "audit.jsonl").exists()  # SIGTERM: Slurm's own requeue, nothing for the gate
 
 
