@@ -27,7 +27,7 @@ from slurmagent.records import Action, ActionKind, Evidence
 from slurmagent.runtime.context import JobContext
 from slurmagent.runtime.health import STOP_RECORD
 from slurmagent.runtime.loop import StopForRequeue
-from slurmagent.runtime.signals import signal_number
+from slurmagent.runtime.signals import StopFlag, install_handlers, restore_handlers, signal_number
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.gate import Gate
@@ -132,7 +132,17 @@ def handle_stop(
         return
     if ctx.rank != 0:
         return  # rank 0 speaks for the job; every rank stopped at the same step
-    slurm = slurm or SlurmCLI()
+    # our own `scontrol requeue` makes Slurm signal this job at once: the stop signals must
+    # not end it before every action is done and recorded (SIGKILL still comes after KillWait)
+    held = install_handlers(StopFlag(), [signal.SIGTERM, signal.SIGCONT, signal_number(recovery.signal)])
+    try:
+        _decide(ctx, stop, recovery, slurm or SlurmCLI())
+    finally:
+        restore_handlers(held)
+
+
+def _decide(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf, slurm: SlurmCLI) -> None:
+    assert ctx.slurm_requeue_id is not None
     if stop.reason == "health":
         requeue_elsewhere(ctx, slurm)
         return

@@ -130,6 +130,7 @@ class FakeSlurm:
         kill_wait_s: float = 2.0,
         max_array_size: int = 1001,
         python: str = sys.executable,
+        requeue_delay_s: float = 0.5,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -155,6 +156,8 @@ class FakeSlurm:
                     },
                     "nodes": {n.name: {**asdict(n), "state": "idle", "reason": ""} for n in node_list},
                     "jobs": {},
+                    "requeue_delay_s": requeue_delay_s,  # a requeued job waits this long (BeginTime)
+                    "controller_up": True,
                     "dying": {},  # "<job>#<run>" → when its processes get SIGKILL
                 }
             )
@@ -231,6 +234,10 @@ class FakeSlurm:
             return 1, "", f"{cmd}: not a command of the fake Slurm\n"
         with open(self.root / "calls.jsonl", "a") as log:  # every command, from every process
             log.write(json.dumps({"time": time.time(), "argv": argv, "pid": os.getpid()}) + "\n")
+        with self._lock:
+            up = self._load().get("controller_up", True)
+        if not up:
+            return 1, "", f"{cmd}: error: Unable to contact slurm controller (connect failure)\n"
         self.tick()
         try:
             return handler(args, cwd)
@@ -318,7 +325,7 @@ class FakeSlurm:
         if state in ("REQUEUED", "PREEMPTED") or (state == "NODE_FAIL" and job.requeue):
             job.runs.append((state, job.node))
             job.state, job.reason, job.restarts, job.node = "PENDING", "BeginTime", job.restarts + 1, ""
-            job.begin = time.time() + 0.5
+            job.begin = time.time() + float(st.get("requeue_delay_s", 0.5))
         else:
             job.state, job.exit_code, job.ended = state, exit_code, time.time()
 
@@ -341,6 +348,11 @@ class FakeSlurm:
                     os.kill(pid, getattr(signal, f"SIG{name}"))
 
     # -- test controls -----------------------------------------------------------------
+    def set_controller(self, up: bool) -> None:
+        """Stop (or restart) answering: every command fails as when slurmctld is down."""
+        with self._edit() as st:
+            st["controller_up"] = up
+
     def preempt(self, job_id: str) -> None:
         """Preemption with PreemptMode=REQUEUE: SIGCONT + SIGTERM (and the job's --signal) to
         its step, SIGKILL after KillWait, then PENDING again with one more restart."""

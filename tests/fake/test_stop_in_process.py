@@ -4,7 +4,9 @@ process: the seam's runner is the fake, the job a real process it runs."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,24 @@ def test_critical_health_requeues_the_job_away_from_its_node(fake: FakeSlurm, tm
         ("outcome", "exclude_node", "allow"),
     ]
     assert fake.wait(str(ctx.job_id), ("RUNNING",))["node"] != ctx.node  # its next run is elsewhere
+
+
+def test_the_job_survives_its_own_requeue_signal_until_every_action_is_done(fake: FakeSlurm, tmp_path: Path) -> None:
+    """Slurm signals a job as soon as it is requeued; `handle_stop` runs after the loop gave
+    its handlers back, so it holds the stop signals itself until the node is excluded too."""
+    _, ctx = running_job(fake, tmp_path)
+    (ctx.output_dir / STOP_RECORD).write_text(json.dumps({"node": ctx.node, "reasons": ["GPU 0: ECC errors"]}))
+
+    def slurm_signals_us(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        out = fake(argv, timeout)
+        if argv[:2] == ["scontrol", "requeue"]:
+            os.kill(os.getpid(), signal.SIGTERM)  # what Slurm does to the requeued job's processes
+        return out
+
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a job whose loop restored the default
+    try:
+        handle_stop(ctx, StopForRequeue(0, 7, reason="health"), RecoveryConf(), SlurmCLI(runner=slurm_signals_us))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert fake.job(str(ctx.job_id))["exclude"] == ctx.node  # still alive after the requeue: it excluded the node

@@ -1,5 +1,5 @@
 """The recovery path's fixes found by the fault table (tests/slurm/test_fault_table.py), on
-recorded Slurm output: a node failure that Slurm requeues by itself is not resubmitted a
+recorded Slurm output and against the fake Slurm: a node failure that Slurm requeues by itself is not resubmitted a
 second time but has the node excluded in place; excluding a node unpins a job pinned to
 it; a full disk is diagnosed; a checkpoint whose manifest cannot be written leaves the old
 ones intact and nothing half-written."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from slurmagent.errors import CheckpointError
 from slurmagent.recovery import Resubmit, diagnose, plan
 from slurmagent.recovery.plan import exclude_nodes
 from slurmagent.runtime.checkpoint import MANIFEST, CheckpointManager
+from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI, parse_sacct
 from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.recover import Recoverer
@@ -101,53 +101,62 @@ def test_a_manifest_that_cannot_be_written_leaves_the_old_checkpoint(tmp_path: P
     assert found is not None and found[0].step == 5 and found[1] == {"w": 1}
 
 
-class Recorded:
-    """A Slurm command runner that answers from recorded output and keeps the calls."""
-
-    def __init__(self, answers: dict[str, tuple[int, str, str]]) -> None:
-        self.answers = answers
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        del timeout
-        self.calls.append(argv)
-        code, out, err = self.answers[argv[0] + " " + argv[1]]
-        return subprocess.CompletedProcess(argv, code, out, err)
+JOB = """#!/bin/bash
+#SBATCH --requeue
+#SBATCH --partition=gpu
+#SBATCH --nodelist=t4-2
+#SBATCH --exclude=cpu-2
+#SBATCH --output={out}/job-%j.out
+srun sleep 60
+"""
 
 
-def sweep_with_task(tmp_path: Path, state: str) -> tuple[SweepState, TaskRecord]:
+def failed_node_job(tmp_path: Path, fake: FakeSlurm) -> tuple[SlurmCLI, SweepState, TaskRecord]:
+    """A --requeue job pinned to t4-2 whose node failed: Slurm requeued it (it waits)."""
+    script = tmp_path / "job.sh"
+    script.write_text(JOB.format(out=tmp_path))
+    slurm = SlurmCLI(runner=fake)
+    job_id = slurm.submit(script)
+    fake.wait(job_id, ("RUNNING",))
+    fake.fail(job_id, "NODE_FAIL")
     spec = job_spec({"task": {"target": "a:b"}, "resources": {"exclude": "cpu-2", "extra": {"nodelist": "t4-2"}}})
-    task = TaskRecord(0, [], [Attempt("800037", 0.0, state=state, nodes="t4-2")], state=state)
+    task = TaskRecord(0, [], [Attempt(job_id, 0.0, state="NODE_FAIL", nodes="t4-2")], state="NODE_FAIL")
     sweep = SweepState(str(tmp_path), "slurm", str(tmp_path / ".submitit"), 0.0, [task])
     task.spec_id = sweep.add_spec(dataclasses.asdict(spec))
-    return sweep, task
+    fake.calls.clear()
+    return slurm, sweep, task
 
 
-def test_a_node_failure_slurm_requeued_is_not_resubmitted(tmp_path: Path) -> None:
-    runner = Recorded({"squeue -h": (0, "PENDING\n", "")})
-    rec = Recoverer(tmp_path, SlurmCLI(runner))
-    sweep, task = sweep_with_task(tmp_path, "NODE_FAIL")
-    rec.handle(sweep, task)  # accounting shows NODE_FAIL; the controller has requeued the job
+@pytest.fixture()
+def fake(tmp_path: Path) -> FakeSlurm:
+    # a requeued job waits 60 s (Slurm's BeginTime): the test acts on it while it is pending
+    return FakeSlurm(tmp_path / "fake", requeue_delay_s=60.0)
+
+
+def test_a_node_failure_slurm_requeued_is_not_resubmitted(tmp_path: Path, fake: FakeSlurm) -> None:
+    slurm, sweep, task = failed_node_job(tmp_path, fake)
+    Recoverer(tmp_path, slurm).handle(sweep, task)  # accounting said NODE_FAIL; Slurm requeued the job
     assert task.state == "PENDING" and len(task.attempts) == 1 and task.attempts[0].state == "PENDING"
     assert not (tmp_path / "audit.jsonl").exists()  # nothing submitted, nothing decided
-    assert runner.calls == [["squeue", "-h", "-j", "800037", "-o", "%T|%r|%L"]]
+    assert fake.calls == [["squeue", "-h", "-j", task.job_id, "-o", "%T|%r|%L"]]
 
 
-def test_controller_silent_leaves_the_task_open(tmp_path: Path) -> None:
-    err = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
-    rec = Recoverer(tmp_path, SlurmCLI(Recorded({"squeue -h": (1, "", err)})))
-    sweep, task = sweep_with_task(tmp_path, "NODE_FAIL")
-    rec.handle(sweep, task)
+def test_controller_silent_leaves_the_task_open(tmp_path: Path, fake: FakeSlurm) -> None:
+    slurm, sweep, task = failed_node_job(tmp_path, fake)
+    fake.set_controller(up=False)
+    Recoverer(tmp_path, slurm).handle(sweep, task)
     assert task.state == "UNKNOWN" and not task.done and len(task.attempts) == 1
+    assert not (tmp_path / "audit.jsonl").exists()
 
 
-def test_requeued_job_has_the_failed_node_excluded_in_place(tmp_path: Path) -> None:
-    runner = Recorded({"scontrol update": (0, "", "")})
-    rec = Recoverer(tmp_path, SlurmCLI(runner))
-    sweep, task = sweep_with_task(tmp_path, "PENDING")
-    status = parse_sacct(SACCT_REQUEUED)["800037"]
-    rec.requeued_after_node_failure(sweep, task, status.earlier, status.state)
-    assert runner.calls == [["scontrol", "update", "JobId=800037", "ExcNodeList=cpu-2,t4-2", "ReqNodeList="]]
+def test_requeued_job_has_the_failed_node_excluded_in_place(tmp_path: Path, fake: FakeSlurm) -> None:
+    slurm, sweep, task = failed_node_job(tmp_path, fake)
+    assert task.job_id is not None
+    status = slurm.statuses([task.job_id])[task.job_id]
+    assert status.state == "PENDING" and status.earlier == (("NODE_FAIL", "t4-2"),)
+    Recoverer(tmp_path, slurm).requeued_after_node_failure(sweep, task, status.earlier, status.state)
+    job = fake.job(task.job_id)
+    assert job["exclude"] == "cpu-2,t4-2" and job["nodelist"] == ""  # unpinned: it was pinned to t4-2
     assert sweep.suspect_nodes == {"t4-2": 1}
     resources = sweep.spec_of(task)["resources"]
     assert resources["exclude"] == "cpu-2,t4-2" and resources["extra"] == {}
@@ -157,11 +166,10 @@ def test_requeued_job_has_the_failed_node_excluded_in_place(tmp_path: Path) -> N
     assert records[1]["ok"] and records[0]["params"] == {"exclude": "cpu-2,t4-2", "nodelist": ""}
 
 
-def test_requeued_job_already_running_elsewhere_only_marks_the_node(tmp_path: Path) -> None:
-    runner = Recorded({})
-    rec = Recoverer(tmp_path, SlurmCLI(runner))
-    sweep, task = sweep_with_task(tmp_path, "RUNNING")
+def test_requeued_job_already_running_elsewhere_only_marks_the_node(tmp_path: Path, fake: FakeSlurm) -> None:
+    slurm, sweep, task = failed_node_job(tmp_path, fake)
+    rec = Recoverer(tmp_path, slurm)
     rec.requeued_after_node_failure(sweep, task, (("NODE_FAIL", "t4-2"),), "RUNNING")
-    assert sweep.suspect_nodes == {"t4-2": 1} and runner.calls == []
+    assert sweep.suspect_nodes == {"t4-2": 1} and fake.calls == []
     assert rec.requeued_after_node_failure(sweep, task, (("PREEMPTED", "cpu-2"),), "PENDING") is None
     assert sweep.suspect_nodes == {"t4-2": 1}  # a preemption blames no node

@@ -25,6 +25,7 @@ from slurmagent.skills.gpu_health import (
     read_nvml,
 )
 from slurmagent.skills.hook import REASON_PREFIX, HookConfig, drain_reason, hook_main
+from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_health"
@@ -159,44 +160,40 @@ def test_gpus_from_env() -> None:
     assert gpus_from_env({}) is None
 
 
-class Recorder:
-    """Stands in for the Slurm commands in these pure hook tests (the real drain and requeue
-    run on the test cluster in tests/slurm/test_prolog_slurm.py)."""
-
-    def __init__(self, sinfo: str = "") -> None:
-        self.calls: list[list[str]] = []
-        self.sinfo = sinfo
-
-    def __call__(self, argv: list[str], timeout: float):  # type: ignore[no-untyped-def]
-        import subprocess
-
-        self.calls.append(argv)
-        return subprocess.CompletedProcess(argv, 0, self.sinfo if argv[0] == "sinfo" else "", "")
-
-
 def _conf(tmp_path: Path, readings: Path) -> HookConfig:
-    return HookConfig(state_dir=str(tmp_path), readings={"n1": str(readings)}, scan_kernel_log=False)
+    return HookConfig(state_dir=str(tmp_path), readings={"t4-1": str(readings)}, scan_kernel_log=False)
+
+
+def node(fake: FakeSlurm, name: str) -> dict[str, str]:
+    return dict(json.loads((fake.root / "state.json").read_text())["nodes"][name])
 
 
 def test_hook_prolog_drains_on_critical_and_fails(tmp_path: Path) -> None:
-    rec = Recorder()
-    env = {"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "77", "SLURM_JOB_GPUS": "0"}
-    assert hook_main("prolog", _conf(tmp_path, DATA / "broken.json"), env, SlurmCLI(rec)) == 1
-    ((cmd, update, node, state, reason),) = rec.calls
-    assert (cmd, update, node, state) == ("scontrol", "update", "NodeName=n1", "State=DRAIN")
+    """Against the fake Slurm (the real drain and requeue: tests/slurm/test_prolog_slurm.py)."""
+    fake = FakeSlurm(tmp_path / "fake")
+    env = {"SLURMD_NODENAME": "t4-1", "SLURM_JOB_ID": "77", "SLURM_JOB_GPUS": "0"}
+    assert hook_main("prolog", _conf(tmp_path, DATA / "broken.json"), env, SlurmCLI(fake)) == 1
+    ((cmd, update, name, state, reason),) = fake.calls
+    assert (cmd, update, name, state) == ("scontrol", "update", "NodeName=t4-1", "State=DRAIN")
     assert reason.startswith(f"Reason={REASON_PREFIX} GPU 0: 3 volatile uncorrected ECC")
-    saved = json.loads((tmp_path / "n1" / "prolog-77.json").read_text())
+    assert node(fake, "t4-1")["state"] == "drained" and node(fake, "t4-1")["reason"].startswith(REASON_PREFIX)
+    saved = json.loads((tmp_path / "t4-1" / "prolog-77.json").read_text())
     assert saved["status"] == "CRITICAL" and saved["findings"]["gpus"] == [0]
 
 
 def test_healthcheck_clears_only_our_own_drain_reason(tmp_path: Path) -> None:
+    fake = FakeSlurm(tmp_path / "fake")
+    slurm = SlurmCLI(fake)
     conf = _conf(tmp_path, DATA / "healthy.json")
-    ours = Recorder("drained|slurmagent: GPU 0: 3 volatile uncorrected ECC error(s)\n")
-    assert hook_main("healthcheck", conf, {"SLURMD_NODENAME": "n1"}, SlurmCLI(ours)) == 0
-    assert ours.calls[-1] == ["scontrol", "update", "NodeName=n1", "State=RESUME"]
-    admins = Recorder("drained|disk replacement, ticket 4711\n")
-    assert hook_main("healthcheck", conf, {"SLURMD_NODENAME": "n1"}, SlurmCLI(admins)) == 0
-    assert [c[0] for c in admins.calls] == ["sinfo"]  # looked, did not touch it
+    slurm.drain("t4-1", "slurmagent: GPU 0: 3 volatile uncorrected ECC error(s)")
+    assert hook_main("healthcheck", conf, {"SLURMD_NODENAME": "t4-1"}, slurm) == 0
+    assert fake.calls[-1] == ["scontrol", "update", "NodeName=t4-1", "State=RESUME"]
+    assert node(fake, "t4-1")["state"] == "idle"
+    slurm.drain("t4-1", "disk replacement, ticket 4711")
+    fake.calls.clear()
+    assert hook_main("healthcheck", conf, {"SLURMD_NODENAME": "t4-1"}, slurm) == 0
+    assert [c[0] for c in fake.calls] == ["sinfo"]  # looked, did not touch it
+    assert (node(fake, "t4-1")["state"], node(fake, "t4-1")["reason"]) == ("drained", "disk replacement, ticket 4711")
 
 
 def test_drain_reason_is_bounded_and_quote_free() -> None:

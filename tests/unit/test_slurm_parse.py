@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slurmagent.config import ResourcesConf
 from slurmagent.errors import ConfigError, SlurmCommandError
 from slurmagent.slurm.cluster import check_fits, parse_cluster
+from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI, parse_sacct, parse_scontrol_config
 from slurmagent.slurm.syntax import expand_array_id, parse_gres
 
@@ -95,18 +98,15 @@ def test_check_fits_accepts_a_fitting_spec() -> None:
     check_fits(ResourcesConf(nodes=2, constraint="cpu"), CLUSTER)
 
 
-def test_seam_refuses_non_slurm_commands_and_counts_calls() -> None:
-    import subprocess
-
-    seen: list[list[str]] = []
-
-    def runner(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        seen.append(argv)
-        return subprocess.CompletedProcess(argv, 0, SACCT, "")
-
-    cli = SlurmCLI(runner=runner)
+def test_seam_refuses_non_slurm_commands_and_counts_calls(tmp_path: Path) -> None:
+    fake = FakeSlurm(tmp_path / "fake")
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --array=0-2\n#SBATCH --begin=now+3600\nsrun true\n")
+    cli = SlurmCLI(runner=fake)
     with pytest.raises(SlurmCommandError, match="not a Slurm command"):
         cli.run(["rm", "-rf", "/"])
-    statuses = cli.statuses(["7", "7"])
-    assert cli.calls == {"sacct": 1} and "7_2" in statuses
-    assert seen[0][0] == "sacct" and "7" in seen[0]
+    assert fake.calls == []  # refused before any runner saw it
+    array = cli.submit(script)
+    statuses = cli.statuses([array, array])
+    assert cli.calls == {"sbatch": 1, "sacct": 1} and sorted(statuses) == [f"{array}_{i}" for i in range(3)]
+    assert fake.calls[-1][0] == "sacct" and fake.calls[-1][fake.calls[-1].index("-j") + 1] == array
