@@ -148,6 +148,12 @@ def test_a_resubmission_that_needs_approval_waits_for_another_real_user(slurm_co
             wait_for(
                 "the approval request", lambda: any(r["decision"] == "needs_approval" for r in records(audit)), proc
             )
+            # the gate records the decision first; the supervisor's sweep.json follows when its poll ends
+            wait_for(
+                "the sweep state",
+                lambda: "approval" in json.loads((sweep / "sweep.json").read_text())["tasks"][0]["error"],
+                proc,
+            )
             request = records(audit)[0]
             assert request["rule"] == "strict:resubmit-more-memory" and request["approvals_needed"] == 1
             task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
