@@ -1,5 +1,6 @@
 """`slurmagent skill …`: list the skills, or run one with its own arguments; the exit code
-is the result's Nagios status."""
+is the result's Nagios status (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN), and 2 for bad input
+(an unknown skill, a bad argument), as every slurmagent command."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from slurmagent.errors import SkillError
 from slurmagent.skills._base import SkillResult, Status
 from slurmagent.skills.registry import all_skills, get_skill, load_plugins, run_skill
 
+BAD_INPUT = 2  # an unknown skill or a bad argument: slurmagent's "bad input" (Nagios' CRITICAL is 2 too)
+
+
+FINDINGS_LINES = 60  # the human output shows this much of the findings; --json has all
+
 
 def _print_result(result: SkillResult, as_json: bool) -> None:
     if as_json:
@@ -19,6 +25,15 @@ def _print_result(result: SkillResult, as_json: bool) -> None:
     print(f"{result.skill} {result.status.name}" + (f" - {result.reasons[0]}" if result.reasons else ""))
     for reason in result.reasons[1:]:
         print(f"  {reason}")
+    if result.findings:
+        import yaml
+
+        text = yaml.safe_dump(json.loads(json.dumps(result.findings, default=str)), sort_keys=False).splitlines()
+        print("findings:")
+        for line in text[:FINDINGS_LINES]:
+            print(f"  {line}")
+        if len(text) > FINDINGS_LINES:
+            print(f"  … {len(text) - FINDINGS_LINES} more line(s): --json prints them all")
 
 
 def skill_main(list_: bool, as_json: bool, name: str | None, rest: list[str]) -> int:
@@ -35,18 +50,18 @@ def skill_main(list_: bool, as_json: bool, name: str | None, rest: list[str]) ->
                 print(f"{n:<24} {c.description}")
             for ep, why in skipped.items():
                 print(f"(skipped plugin {ep}: {why})", file=sys.stderr)
-        return int(Status.OK) if list_ else int(Status.UNKNOWN)
+        return int(Status.OK) if list_ else BAD_INPUT
     try:
         cls = get_skill(name)
     except SkillError as exc:
         print(f"slurmagent: error: {exc}", file=sys.stderr)
-        return int(Status.UNKNOWN)
+        return BAD_INPUT
     parser = argparse.ArgumentParser(prog=f"slurmagent skill {name}", description=cls.description)
     cls.add_arguments(parser)
     try:
         ns = parser.parse_args(rest)
-    except SystemExit as exc:  # --help (0) or a bad argument (2 → UNKNOWN)
-        return 0 if exc.code == 0 else int(Status.UNKNOWN)
+    except SystemExit as exc:  # --help (0) or a bad argument (argparse's 2: bad input)
+        return 0 if exc.code == 0 else BAD_INPUT
     result = run_skill(name, **cls.inputs_from_args(ns))
     _print_result(result, as_json)
     return result.exit_code

@@ -276,6 +276,47 @@ def memory_issues(est: MemoryEstimate) -> list[Issue]:
     return [Issue(Status.WARNING, key, head, f"model states alone need {est.gib(states)}: use {other}")]
 
 
+# -- 4: keys added with + that look like typos --------------------------------------------------------
+def _one_edit(a: str, b: str) -> bool:
+    """Whether `a` becomes `b` by one insertion, deletion, substitution or swap of neighbours."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]]
+        return len(diff) == 1 or swapped
+    short, long_ = sorted((a, b), key=len)
+    return any(long_[:i] + long_[i + 1 :] == short for i in range(len(long_)))
+
+
+def check_appended(cfg: Mapping[str, Any], overrides: Sequence[str]) -> list[Issue]:
+    """`+optim.lrr=0.1` adds a key the config does not have; one edit from an existing key
+    (optim.lr), it is almost surely a typo that would run silently with the default value.
+    `++optim.lrr=0.1` (Hydra's add-or-override) says it is meant."""
+    out: list[Issue] = []
+    for override in overrides:
+        if not override.startswith("+") or override.startswith("++") or "=" not in override:
+            continue
+        key, _, value = override[1:].partition("=")
+        parent, _, leaf = key.rpartition(".")
+        node = lookup(cfg, parent) if parent else cfg
+        if not isinstance(node, Mapping) or len(leaf) < 2:
+            continue
+        close = sorted(str(k) for k in node if str(k) != leaf and _one_edit(leaf, str(k)))
+        if close:
+            known = f"{parent}.{close[0]}" if parent else close[0]
+            out.append(
+                Issue(
+                    Status.CRITICAL,
+                    key,
+                    f"{override} adds {key}, which the config does not have; did you mean {known}?",
+                    f"{known}={value}; to add {key} anyway: ++{key}={value}",
+                    "appended_typo",
+                )
+            )
+    return out
+
+
 # -- together ----------------------------------------------------------------------------------------
 def validate(
     cfg: Mapping[str, Any], memory: bool = True, gpu_type: str | None = None
@@ -381,6 +422,7 @@ def validate_sweep(
         cfg = config_dict(compose(list(overrides)))
         model_key = repr([lookup(cfg, k, None) for k in ("model", "train", "optim", "resources", "task")])
         issues, _ = validate(cfg, memory=memory and model_key not in estimated)
+        issues += check_appended(cfg, overrides)
         estimated.add(model_key)
         where = f" (task overrides: {' '.join(overrides) or 'none'})"
         for i in issues:
@@ -389,6 +431,20 @@ def validate_sweep(
     if errors:
         raise ConfigError("config_validator: " + "; ".join(dict.fromkeys(errors)) + "; nothing was submitted")
     return list(dict.fromkeys(warnings))
+
+
+def validate_run(cfg: Any, overrides: Sequence[str]) -> list[str]:
+    """A single run (no -m) is checked like each task of a sweep before anything runs:
+    ConfigError for an error, the warnings returned."""
+    plain = config_dict(cfg)
+    memory = bool(lookup(plain, "resources.gpus", 0))
+    issues, _ = validate(plain, memory=memory)
+    issues += check_appended(plain, overrides)
+    lines = [i.message + (f"; suggestion: {i.suggestion}" if i.suggestion else "") for i in issues]
+    errors = [line for line, i in zip(lines, issues, strict=True) if i.status == Status.CRITICAL]
+    if errors:
+        raise ConfigError("config_validator: " + "; ".join(dict.fromkeys(errors)) + "; nothing was run")
+    return lines
 
 
 # -- the skill -----------------------------------------------------------------------------------------

@@ -15,11 +15,20 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from slurmagent.errors import SlurmAgentError
+from slurmagent.errors import SlurmAgentError, SweepStateError
 from slurmagent.safety import cli as safety_cli
 
+if TYPE_CHECKING:
+    from slurmagent.slurm.seam import SlurmCLI
+
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _bare_word(arg: str) -> bool:
+    """A word that is neither a flag nor a Hydra override (key=value, +key=…, ~key): a command."""
+    return not arg.startswith(("-", "+", "~")) and "=" not in arg
 
 
 def _hydra(argv: list[str]) -> int:
@@ -95,11 +104,11 @@ def hoist_flags(argv: list[str]) -> list[str]:
 
 # -- subcommands --------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from slurmagent.launch.backend import SubmititResubmitter
     from slurmagent.supervise.state import SweepStore
-    from slurmagent.supervise.supervisor import Supervisor, sweep_table
+    from slurmagent.supervise.supervisor import Supervisor
+    from slurmagent.supervise.views import runs, sweep_table, terminal
 
     if args.refresh:
         Supervisor(args.sweep_dir, resubmit=SubmititResubmitter()).poll_once()
@@ -115,6 +124,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "index": t.index,
                     "overrides": t.overrides,
                     "state": t.state,
+                    "runs": runs(t),
                     "job_id": t.job_id,
                     "attempts": [a.__dict__ for a in t.attempts],
                     "result": t.result,
@@ -126,19 +136,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=1, default=str))
     else:
-        Console().print(sweep_table(state, max_rows=args.rows))
+        terminal().print(sweep_table(state, max_rows=args.rows))
     return EXIT_OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from slurmagent.launch.backend import SubmititResubmitter
-    from slurmagent.supervise.supervisor import Supervisor, sweep_table
+    from slurmagent.supervise.supervisor import Supervisor
+    from slurmagent.supervise.views import sweep_table, terminal
 
     sup = Supervisor(args.sweep_dir, poll_interval_s=args.interval, resubmit=SubmititResubmitter())
     state = sup.wait(timeout_s=args.timeout)
-    Console().print(sweep_table(state))
+    terminal().print(sweep_table(state))
     if not state.done:
         print(
             f"slurmagent: watch timed out with {sum(not t.done for t in state.tasks)} task(s) unfinished",
@@ -187,7 +197,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Diagnose a finished job (by Slurm id) or every failed task of a sweep directory."""
     from slurmagent.recovery.diagnose import Diagnosis, diagnose
-    from slurmagent.slurm.seam import SlurmCLI
+    from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
     from slurmagent.supervise.recover import collect_logs
     from slurmagent.supervise.state import SweepStore
 
@@ -200,24 +210,38 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                 found.append((f"task {t.index} ({t.job_id}, {t.state})", diagnose(t.state, collect_logs(state, t))))
     else:
         slurm = SlurmCLI()
-        status = slurm.statuses([target]).get(target)
-        if status is None:
+        if not slurm.available():
+            print(
+                f"slurmagent: error: Slurm does not answer here, so job {target} cannot be looked up; "
+                "for a local run, pass its sweep directory: slurmagent doctor DIR",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        statuses = slurm.statuses([target])
+        # an array's own id (what squeue shows first) stands for all of its tasks
+        jobs = (
+            [statuses[target]] if target in statuses else [s for k, s in statuses.items() if k.startswith(f"{target}_")]
+        )
+        if not jobs:
             print(f"slurmagent: error: Slurm accounting knows no job {target}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        logs: dict[str, str] = {}
-        for key, value in slurm.job_fields(target).items():
-            if key in ("StdErr", "StdOut") and value:
-                # the batch log, and beside it the job steps' logs (submitit: <id>_<rank>_log.err)
-                for path in {Path(value), *Path(value).parent.glob(f"{target}_*log.*")}:
-                    if path.is_file():
-                        logs[str(path)] = path.read_text(errors="replace")[-200_000:]
-                logs.update(_result_logs(Path(value).parent, target))
-        found.append(
-            (
-                f"job {target} ({status.state}, exit {status.exit_code}, nodes {status.nodes})",
-                diagnose(status.state, logs),
+        ended_ok = [s for s in jobs if s.state == "COMPLETED"]
+        for status in jobs:
+            if status.state == "COMPLETED" or status.state not in TERMINAL_STATES:
+                continue
+            found.append(
+                (
+                    f"job {status.job_id} ({status.state}, exit {status.exit_code}, nodes {status.nodes})",
+                    diagnose(status.state, _job_logs(slurm, status.job_id)),
+                )
             )
-        )
+        if not found:
+            running = [s for s in jobs if s.state not in TERMINAL_STATES]
+            print(
+                f"nothing to diagnose: {len(ended_ok)} of {len(jobs)} job(s) of {target} completed"
+                + (f", {len(running)} not finished yet ({running[0].state})" if running else "")
+            )
+            return EXIT_OK
     if not found:
         print("no failed task: nothing to diagnose")
         return EXIT_OK
@@ -232,9 +256,23 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
+def _job_logs(slurm: SlurmCLI, job_id: str) -> dict[str, str]:
+    """A job's batch log, its steps' logs beside it (submitit: <id>_<rank>_log.err) and
+    slurmagent's own record of its failure."""
+    logs: dict[str, str] = {}
+    for key, value in slurm.job_fields(job_id).items():
+        if key in ("StdErr", "StdOut") and value:
+            for path in {Path(value), *Path(value).parent.glob(f"{job_id}_*log.*")}:
+                if path.is_file():
+                    logs[str(path)] = path.read_text(errors="replace")[-200_000:]
+            logs.update(_result_logs(Path(value).parent, job_id))
+    return logs
+
+
 def _result_logs(folder: Path, job_id: str) -> dict[str, str]:
     """A slurmagent job's own record of its failure: the error in its result file and the
     logs in its output directory (Hydra's job log, a command's stderr)."""
+    from slurmagent.runtime.env import TaskFile
     from slurmagent.supervise.supervisor import read_result, unwrap_return
 
     out: dict[str, str] = {}
@@ -248,7 +286,7 @@ def _result_logs(folder: Path, job_id: str) -> dict[str, str]:
             out[str(pkl)] = err
         output_dir = getattr(getattr(getattr(value, "hydra_cfg", None), "hydra", None), "runtime", None)
         if output_dir is not None:
-            for name in ("command.stderr", "app.log"):
+            for name in (TaskFile.COMMAND_STDERR, "app.log"):
                 path = Path(str(output_dir.output_dir)) / name
                 if path.is_file():
                     out[str(path)] = path.read_text(errors="replace")[-200_000:]
@@ -263,6 +301,84 @@ def cmd_skill(args: argparse.Namespace) -> int:
     return skill_main(args.list, args.json, args.name, args.args)
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    """Where every task's logs are, or one task's logs (every attempt), or follow them."""
+    import time
+
+    from slurmagent.supervise.state import SweepStore
+    from slurmagent.supervise.views import log_files, tail_lines
+
+    store = SweepStore(args.sweep_dir)
+    state = store.load()
+    if args.task is None:
+        for t in state.tasks[: args.rows]:
+            files = log_files(state, t)
+            print(f"task {t.index} ({t.state}): " + (", ".join(str(p) for _, p in files) or "no log yet"))
+        if len(state.tasks) > args.rows:
+            print(f"… {len(state.tasks) - args.rows} more task(s) (--rows)")
+        print(f"one task's logs: slurmagent logs {args.sweep_dir} TASK [--follow]")
+        return EXIT_OK
+    task = next((t for t in state.tasks if t.index == args.task), None)
+    if task is None:
+        indices = [t.index for t in state.tasks]
+        where = f"its tasks are {min(indices)}–{max(indices)}" if indices else "it has no task"
+        raise SweepStateError(f"task {args.task} is not in {args.sweep_dir}; {where}")
+    sizes: dict[Path, int] = {}
+    for label, path in log_files(state, task):
+        print(f"==> {label}: {path} <==")
+        text = tail_lines(path, args.tail)
+        print(text, end="" if text.endswith("\n") or not text else "\n")
+        sizes[path] = path.stat().st_size
+    if not args.follow:
+        return EXIT_OK
+    while True:  # like tail -f over the task's files, new attempts included, until the task is done
+        time.sleep(args.interval)
+        state = store.load()
+        task = next(t for t in state.tasks if t.index == args.task)
+        for label, path in log_files(state, task):
+            size = path.stat().st_size
+            if size > sizes.get(path, 0):
+                with open(path, "rb") as fh:
+                    fh.seek(sizes.get(path, 0))
+                    chunk = fh.read().decode(errors="replace")
+                print(f"==> {label} <==\n{chunk}", end="" if chunk.endswith("\n") else "\n", flush=True)
+            sizes[path] = size
+        if task.done:
+            print(f"task {task.index} ended {task.state}")
+            return EXIT_OK if task.state == "COMPLETED" else EXIT_FAILED
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    import csv
+
+    from slurmagent.supervise.state import SweepStore
+    from slurmagent.supervise.views import columns, result_rows, results_table, terminal
+
+    rows = result_rows(SweepStore(args.sweep_dir).load(), args.sort, descending=args.desc)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+    elif args.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns(rows))
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        order = f", by {args.sort}{' (descending)' if args.desc else ''}" if args.sort else ""
+        terminal().print(results_table(rows, f"{len(rows)} task(s) of {args.sweep_dir}{order}"))
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from slurmagent.report import write_report
+
+    report = write_report(args.sweep_dir, args.output)
+    print(
+        f"wrote {report.page} with {len(report.images)} plot(s) ({report.curves} of {report.tasks} task(s) "
+        f"reported metrics); open it in a browser: file://{report.page.absolute()}"
+    )
+    return EXIT_OK
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     from slurmagent import __version__
 
@@ -272,19 +388,42 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
     p = argparse.ArgumentParser(prog="slurmagent", description="slurmagent subcommands (anything else goes to Hydra)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("status", help="print a sweep's table")
-    s.add_argument("sweep_dir", type=Path)
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, description: str = "") -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=summary,
+            description=f"{summary}.\n\n{description}".rstrip(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    sweep_help = "a sweep directory (the multirun/<date>/<time> folder the launcher printed)"
+    s = command(
+        "status",
+        "print a sweep's table: every task's state, runs, result or reason",
+        "Reads sweep.json; with --refresh it first polls Slurm once (one sacct call).",
+    )
+    s.add_argument("sweep_dir", type=Path, help=sweep_help)
+    s.add_argument("--json", action="store_true", help="every task as JSON, for scripts")
     s.add_argument("--refresh", action="store_true", help="poll Slurm once before printing")
-    s.add_argument("--rows", type=int, default=100)
-    w = sub.add_parser("watch", help="re-attach to a sweep and collect its results")
-    w.add_argument("sweep_dir", type=Path)
-    w.add_argument("--interval", type=float, default=2.0)
-    w.add_argument("--timeout", type=float, default=None)
-    c = sub.add_parser("cancel", help="cancel a sweep's unfinished tasks")
-    c.add_argument("sweep_dir", type=Path)
-    r = sub.add_parser("render", help="write a standalone sbatch script from sbatch_templates/")
+    s.add_argument("--rows", type=int, default=100, help="at most this many table rows (default 100)")
+    w = command(
+        "watch",
+        "re-attach to a sweep: supervise it to the end and collect its results",
+        "Use it after the launcher died (or was never kept): it polls Slurm, recovers failed tasks\n"
+        "as the launcher would, and exits 0 when every task completed, 1 otherwise.",
+    )
+    w.add_argument("sweep_dir", type=Path, help=sweep_help)
+    w.add_argument("--interval", type=float, default=2.0, help="seconds between polls (grows while nothing changes)")
+    w.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 1)")
+    c = command("cancel", "cancel a sweep's unfinished tasks", "Completed tasks and their results stay.")
+    c.add_argument("sweep_dir", type=Path, help=sweep_help)
+    r = command(
+        "render",
+        "write a standalone sbatch script (and its config) for a login node",
+        "Example: slurmagent render +experiment=digits_mlp optim.lr=1e-3 -o run1 && sbatch run1/job.sbatch",
+    )
     r.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=digits_mlp optim.lr=1e-3")
     r.add_argument("-o", "--output", type=Path, default=None, help="directory to write into (default: ./render/<name>)")
     r.add_argument(
@@ -293,11 +432,51 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         default=None,
         help="how the job starts: through slurmagent's runtime (python) or the task's command line",
     )
-    dr = sub.add_parser("doctor", help="diagnose a finished job (JOB_ID) or a sweep's failed tasks (SWEEP_DIR)")
-    dr.add_argument("target", help="a Slurm job id (123 or 123_4) or a sweep directory")
-    dr.add_argument("--json", action="store_true")
-    sub.add_parser("version", help="print the version")
-    sk = sub.add_parser("skill", help="run a skill (health, validation, resume…): NAME [args] --json, or --list")
+    dr = command(
+        "doctor",
+        "say why a job or a sweep's tasks failed, and what to do",
+        "TARGET is a sweep directory, a Slurm job id (123), an array task (123_4) or an array (123).",
+    )
+    dr.add_argument("target", help="a sweep directory or a Slurm job id")
+    dr.add_argument("--json", action="store_true", help="one JSON object per diagnosed task")
+    lg = command(
+        "logs",
+        "show where a sweep's logs are, or print one task's logs (every attempt), or follow them",
+        "Without TASK: one line per task with its log files. With TASK: each Slurm job's stdout and stderr\n"
+        "(a requeued run appends to its job's files), then the task's own logs; --follow keeps printing\n"
+        "what they add, through new attempts, until the task ends.",
+    )
+    lg.add_argument("sweep_dir", type=Path, help=sweep_help)
+    lg.add_argument("task", nargs="?", type=int, default=None, help="a task's index (the # column of status)")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the task ends")
+    lg.add_argument("--tail", type=int, default=200, help="last lines of each file (0 = all; default 200)")
+    lg.add_argument("--interval", type=float, default=1.0, help="seconds between reads with --follow")
+    lg.add_argument("--rows", type=int, default=100, help="tasks listed without TASK (default 100)")
+    rs = command(
+        "results",
+        "one row per task: its varying overrides, state, runs and result values",
+        "Example: slurmagent results DIR --sort val_acc --desc   |   slurmagent results DIR --csv > results.csv",
+    )
+    rs.add_argument("sweep_dir", type=Path, help=sweep_help)
+    rs.add_argument("--sort", default=None, help="a column to sort by (a result key such as val_acc, or an override)")
+    rs.add_argument("--desc", action="store_true", help="largest first")
+    fmt = rs.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV on stdout, one column per override and result key")
+    fmt.add_argument("--json", action="store_true", help="one JSON object per task")
+    rp = command(
+        "report",
+        "write an HTML report: a plot of every reported metric over steps (PNGs beside it) and the results",
+        "The curves come from each task's metrics.jsonl (loop.report); the page needs no server.",
+    )
+    rp.add_argument("sweep_dir", type=Path, help=sweep_help)
+    rp.add_argument("-o", "--output", type=Path, default=None, help="directory to write into (default: SWEEP/report)")
+    command("version", "print the version")
+    sk = command(
+        "skill",
+        "run a skill (health, validation, resume, data): NAME [args], or --list",
+        "Exit codes are Nagios': 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN; a bad skill name or argument is 2.\n"
+        "`slurmagent skill NAME --help` lists the skill's own arguments.",
+    )
     sk.add_argument("--list", action="store_true", help="list the registered skills")
     sk.add_argument("--json", action="store_true", help="print the result as JSON")
     sk.add_argument("name", nargs="?", help="the skill to run")
@@ -310,16 +489,78 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "version": cmd_version,
         "doctor": cmd_doctor,
         "skill": cmd_skill,
+        "logs": cmd_logs,
+        "results": cmd_results,
+        "report": cmd_report,
     }
     handlers.update(safety_cli.add_parsers(sub))  # audit, approvals, approve, reject, pause, resume, replay
     return p, handlers
 
 
-SUBCOMMANDS = ("status", "watch", "cancel", "render", "version", "doctor", "skill", *safety_cli.COMMANDS)
+SUBCOMMANDS = (
+    "status",
+    "watch",
+    "logs",
+    "results",
+    "report",
+    "cancel",
+    "render",
+    "version",
+    "doctor",
+    "skill",
+    *safety_cli.COMMANDS,
+)
+HELP_WORDS = ("-h", "--help", "help")
+
+
+def help_page() -> str:
+    """`slurmagent --help`: how to run and sweep, and every subcommand in one line each."""
+    parser, _ = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    lines = [f"  {c.dest:<10} {c.help}" for c in sub._choices_actions]
+    return "\n".join(
+        [
+            "usage: slurmagent [OVERRIDE ...] [-m]     a run, or a sweep with -m (Hydra overrides: key=value)",
+            "       slurmagent COMMAND [ARGS]          one of the commands below",
+            "",
+            "Run and sweep:",
+            "  slurmagent +experiment=digits_mlp                          one run (cluster=local runs it here)",
+            "  slurmagent +experiment=digits_mlp -m optim.lr=1e-3,1e-2     a sweep: one Slurm job array",
+            "  slurmagent --cfg job +experiment=digits_mlp                print the composed config",
+            "  slurmagent help config                                     the config groups and their defaults",
+            "  slurmagent --hydra-help                                    Hydra's own flags",
+            "",
+            "Commands (slurmagent COMMAND --help for each one's options):",
+            *lines,
+            "",
+            "Exit codes: 0 ok, 1 a task or command failed, 2 bad input (then nothing was submitted).",
+        ]
+    )
+
+
+def unknown_command(word: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, [*SUBCOMMANDS, "help"], n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return (
+        f"slurmagent: error: unknown command {word!r}; {hint}commands: {', '.join(SUBCOMMANDS)} "
+        "(a Hydra override looks like key=value; slurmagent --help lists both)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] and args[0] in HELP_WORDS:
+        if args[1:] == ["config"]:
+            return _hydra(["--help"])  # Hydra's page for this app: config groups and defaults
+        if args[1:2] and args[1] in SUBCOMMANDS:
+            return main([args[1], "--help"])
+        print(help_page())
+        return EXIT_OK
+    if args[:1] and args[0] not in SUBCOMMANDS and _bare_word(args[0]):
+        print(unknown_command(args[0]), file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args and args[0] in SUBCOMMANDS:
         parser, handlers = _parser()
         ns = parser.parse_args(args)

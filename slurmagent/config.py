@@ -8,6 +8,7 @@ valid ones), wrong types and out-of-range values with a message naming the key.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -332,7 +333,11 @@ def resolve_target(target: str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"task.target={target!r}: cannot import module {module_name!r} ({exc})") from exc
+        raise ConfigError(
+            f"task.target={target!r}: cannot import module {module_name!r} ({exc}); the job imports it from its "
+            f"working directory ({os.getcwd()}) and PYTHONPATH: run from the directory that holds it, add that "
+            "directory to PYTHONPATH, or pip install your project"
+        ) from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"task.target={target!r}: module {module_name!r} has no attribute {attr!r}")

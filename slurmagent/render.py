@@ -25,7 +25,9 @@ from slurmagent.config import JobSpec, job_spec, spec_dict
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
 from slurmagent.runtime.env import JobEnv
-from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
+from slurmagent.slurm.cluster import ClusterInfo, check_fits
+from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags, signal_flag
+from slurmagent.slurm.seam import SlurmCLI
 
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")
 
@@ -35,6 +37,7 @@ class Rendered:
     script: Path  # the sbatch script
     config: Path  # the resolved config beside it
     run_dir: Path  # where the job runs and writes checkpoints
+    checked: bool = False  # checked against the cluster (Slurm answered when it was rendered)
 
 
 def _env() -> jinja2.Environment:
@@ -51,11 +54,6 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def safe_job_name(name: str) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9_.\-]", "_", name)[:64]
-    return cleaned or "slurmagent"
-
-
 def compose(overrides: list[str]) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
@@ -64,7 +62,26 @@ def compose(overrides: list[str]) -> Any:
         return hydra_compose(config_name="config", overrides=overrides)
 
 
-def render(overrides: list[str], out_dir: Path, mode: str | None = None, python: str | None = None) -> Rendered:
+def _check_cluster(spec: JobSpec) -> bool:
+    """The launcher's check before submitting, when Slurm answers here: the partition, GPU
+    type, CPUs, memory and time must fit the cluster. False when it could not be checked."""
+    slurm = SlurmCLI(timeout=30)
+    if not slurm.available():
+        return False
+    try:
+        check_fits(spec.resources, ClusterInfo.query(slurm))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; nothing was written") from None
+    return True
+
+
+def render(
+    overrides: list[str],
+    out_dir: Path,
+    mode: str | None = None,
+    python: str | None = None,
+    check_cluster: bool = True,
+) -> Rendered:
     for override in overrides:
         if "\x00" in override:  # a shell script cannot carry it: bash would cut the argument there
             raise ConfigError(f"override {override.split('=', 1)[0]!r} contains a NUL byte, which no script can carry")
@@ -74,6 +91,7 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
     if mode == "command" and not spec.task.command:
         raise ConfigError("--mode command needs task.command (a command line as a list); this config has task.target")
     flags = sbatch_flags(spec.resources)  # raises on values sbatch would not read literally
+    checked = _check_cluster(spec) if check_cluster else False
     run_dir = out_dir.absolute()
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else run_dir / "checkpoints"
@@ -109,7 +127,7 @@ def render(overrides: list[str], out_dir: Path, mode: str | None = None, python:
     script = run_dir / "job.sbatch"
     atomic_write(script, text.encode())
     script.chmod(0o755)
-    return Rendered(script, config_path, run_dir)
+    return Rendered(script, config_path, run_dir, checked)
 
 
 def _job_env(mode: str, spec: JobSpec, checkpoint_dir: Path) -> list[tuple[str, str]]:
@@ -139,4 +157,6 @@ def render_cli(output: Path | None, overrides: list[str], mode: str | None) -> i
     out = output or Path("render") / safe_job_name(_experiment_name(overrides))
     rendered = render(overrides, out, mode)
     print(f"wrote {rendered.script}\nwrote {rendered.config}\nsubmit with: sbatch {shlex.quote(str(rendered.script))}")
+    if not rendered.checked:
+        print("note: Slurm does not answer here, so the resources were not checked against a cluster")
     return 0

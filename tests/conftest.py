@@ -72,6 +72,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     del call
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
-    if IN_CI and report.skipped and item.get_closest_marker("slurm") is not None:
+    needs = [m for m in ("slurm", "browser") if item.get_closest_marker(m) is not None]
+    if IN_CI and report.skipped and needs:
         report.outcome = "failed"
-        report.longrepr = f"slurm test skipped under CI=true, which is not allowed: {report.longrepr}"
+        report.longrepr = f"{needs[0]} test skipped under CI=true, which is not allowed: {report.longrepr}"

@@ -56,7 +56,7 @@ class SweepRunner:
 
     def __call__(self, payload: TaskPayload) -> Any:
         from hydra.core.hydra_config import HydraConfig
-        from hydra.core.utils import JobReturn, run_job
+        from hydra.core.utils import JobReturn, JobStatus, run_job
 
         from slurmagent.job.task import run_task, wrap_user_task
         from slurmagent.runtime.loop import StopForRequeue
@@ -90,6 +90,10 @@ class SweepRunner:
             if not saved.exists():
                 self._save_for_requeue(saved, sweep_config, task_function, hydra_context)
             raise
+        if ret.status == JobStatus.FAILED:
+            # Hydra caught the task's exception into the JobReturn; raised here, submitit records
+            # it and the job exits non-zero, so Slurm, sacct, mail and dependent jobs see FAILED
+            raise ret._return_value
         return ret
 
     def _requeue_file(self, payload: TaskPayload, job_id: str) -> Path:

@@ -13,23 +13,29 @@ signals forwarded to it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from slurmagent.config import JobSpec, job_spec, resolve_target, spec_dict
-from slurmagent.errors import TaskFailedError
+from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.job.stop import GraceWindow, handle_stop
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
+from slurmagent.runtime.env import JobEnv, TaskFile
 from slurmagent.runtime.loop import StopForRequeue
 from slurmagent.runtime.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
 from slurmagent.slurm.seam import SlurmCLI
+
+log = logging.getLogger(__name__)
 
 
 def _output_dir() -> Path:
@@ -72,16 +78,61 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
         restore_handlers(previous)
 
 
+def check_single_run(cfg: DictConfig) -> None:
+    """`python -m slurmagent …` without -m runs the task right here: refuse what cannot be
+    meant (cluster=slurm on a machine that is not inside a Slurm job), and check the config as
+    a sweep's tasks are checked before submission, so that nothing runs on a bad config."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    try:
+        hydra = HydraConfig.get()
+    except ValueError:
+        return  # not under Hydra's run mode
+    if hydra.mode != RunMode.RUN or os.environ.get(JobEnv.BACKEND):
+        return  # a task of a sweep: the launcher checked it before submitting
+    if cfg.get("cluster") == "slurm" and not os.environ.get("SLURM_JOB_ID"):
+        raise ConfigError(
+            "cluster=slurm asks for Slurm, but without -m this run would start here, on this machine; "
+            "add -m to submit it to Slurm as a one-task sweep (or use cluster=local to run it here); nothing was run"
+        )
+    from slurmagent.skills.config_validator import validate_run
+
+    for line in validate_run(cfg, list(hydra.overrides.task)):
+        log.warning("config_validator: %s", line)
+
+
 def run_task(cfg: DictConfig) -> Any:
     """Hydra task function of `python -m slurmagent`."""
+    check_single_run(cfg)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # user code is found as jobs find it (submitit starts them with `python -m`, the working
+        # directory first on sys.path): the `slurmagent` console script lacks that entry
+        sys.path.insert(0, os.getcwd())
 
     def dispatch(spec: JobSpec, ctx: JobContext) -> Any:
         if spec.task.target is not None:
-            return resolve_target(spec.task.target)(cfg)
+            task = resolve_target(spec.task.target)
+            try:
+                return task(cfg)
+            except (ConfigAttributeError, ConfigKeyError) as exc:
+                raise missing_key(spec.task.target, exc) from exc
         assert spec.task.command is not None
         return run_command(spec.task.command, ctx)
 
     return run_in_job(cfg, dispatch)
+
+
+def missing_key(target: str, exc: Exception) -> ConfigError:
+    """The task read a key its config does not have: say which, and how to give it one."""
+    key = str(getattr(exc, "full_key", "") or "")
+    if not key:
+        return ConfigError(f"task.target={target!r} read a key its config does not have: {exc}")
+    value = "VALUE"
+    return ConfigError(
+        f"task.target={target!r} read cfg.{key}, which the config does not have: pass +{key}={value} on the command "
+        f"line, or set {key} in your experiment file (conf/experiment/NAME.yaml, selected with +experiment=NAME)"
+    )
 
 
 def wrap_user_task(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -104,7 +155,7 @@ def run_command(argv: list[str], ctx: JobContext) -> Any:
     """
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, **ctx.to_env())
-    err_path = ctx.output_dir / "command.stderr"
+    err_path = ctx.output_dir / TaskFile.COMMAND_STDERR
     with open(err_path, "ab") as err:
         proc = subprocess.Popen(argv, env=env, stderr=err, cwd=ctx.output_dir)
         previous: dict[int, Any] = {sig: signal.signal(sig, lambda s, _f: proc.send_signal(s)) for sig in FORWARDED}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,6 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
-from rich.console import Console
 
 from slurmagent.config import (
     JobSpec,
@@ -42,11 +42,34 @@ from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititResubmitter, make_executor, resolve_backend
 from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
+from slurmagent.slurm.sbatch import safe_job_name
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.state import Attempt, SweepState, SweepStore, TaskRecord
-from slurmagent.supervise.supervisor import Supervisor, sweep_table
+from slurmagent.supervise.supervisor import Supervisor
+from slurmagent.supervise.views import sweep_table, terminal
 
 log = logging.getLogger(__name__)
+
+
+def check_importable(target: str) -> None:
+    """`task.target`'s module must import where the jobs will import it: submitit starts each
+    job as `python -m submitit.core._submit` in this directory, with this environment, so the
+    check runs exactly that way (a child process), before anything is submitted."""
+    import subprocess
+    import sys
+
+    module = target.partition(":")[0]
+    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    if proc.returncode == 0:
+        return
+    why = (proc.stderr.strip().splitlines() or ["not found"])[-1]
+    path = os.environ.get("PYTHONPATH")
+    raise ConfigError(
+        f"task.target={target!r}: the jobs could not import module {module!r} ({why}); they start in "
+        f"{os.getcwd()} with PYTHONPATH={path or '(unset)'}: run from the directory that holds {module}.py (or "
+        "its package), add that directory to PYTHONPATH, or pip install your project; nothing was submitted"
+    )
 
 
 def chunks(items: list[Any], size: int) -> list[list[Any]]:
@@ -94,7 +117,7 @@ class ArrayLauncher:
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        console = Console(stderr=True)
+        console = terminal(stderr=True)
         conf = parse_conf(LauncherConf, {k: v for k, v in self.params.items()}, "hydra.launcher")
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
 
@@ -108,6 +131,8 @@ class ArrayLauncher:
             memory=any(s.resources.gpus > 0 for s in specs),
         ):
             console.print(f"[slurmagent] warning: {warning}", markup=False, highlight=False)
+        for target in sorted({s.task.target for s in specs if s.task.target}):
+            check_importable(target)
         choices = {s.cluster for s in specs}
         if len(choices) > 1:
             raise ConfigError(
@@ -148,7 +173,7 @@ class ArrayLauncher:
         t0 = time.monotonic()
         records: list[TaskRecord] = []
         array_ids: list[str] = []
-        name = str(self.config.hydra.job.name)
+        name = self._job_name()
         for spec, payloads in groups.values():
             for part in chunks(payloads, max_array):
                 executor = make_executor(backend, folder, spec, conf, len(part), name, self.slurm)
@@ -202,6 +227,13 @@ class ArrayLauncher:
         console.print(sweep_table(state))
         mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
         return [self._job_return(task, sup.results.get(task.index)) for task in state.tasks if task.index in mine]
+
+    def _job_name(self) -> str:
+        """What squeue and sacct show: the experiment (+experiment=NAME), else the app's name."""
+        assert self.config is not None
+        experiment = self.config.hydra.runtime.choices.get("experiment")
+        app = "slurmagent" if self.task_function is run_task else str(self.config.hydra.job.name)
+        return safe_job_name(str(experiment or app))
 
     @staticmethod
     def _job_return(task: TaskRecord, raw: Any) -> JobReturn:

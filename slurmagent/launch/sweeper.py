@@ -10,7 +10,10 @@ task, with the error, like any other).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
@@ -45,3 +48,18 @@ def representatives(batch: Sequence[Sequence[str]]) -> list[Sequence[str]]:
 class RepresentativeSweeper(BasicSweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         super().validate_batch_is_legal(representatives(batch))
+
+    def sweep(self, arguments: list[str]) -> Any:
+        """Hydra's sweep, except that a sweep refused before anything was submitted leaves
+        nothing behind (Hydra writes multirun.yaml into the sweep directory first)."""
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute() if self.config is not None else None
+        new = [d for d in (sweep_dir, *sweep_dir.parents) if not d.exists()] if sweep_dir else []
+        try:
+            return super().sweep(arguments)
+        except Exception:
+            if sweep_dir is not None and not (sweep_dir / "sweep.json").exists():  # nothing was submitted
+                (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+                for folder in new:  # the folders this sweep created (multirun/<date>/<time>), when empty
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
+            raise

@@ -1,12 +1,13 @@
-"""The SLURMAGENT_* job environment: the one schema of the variables through which a job's
-context reaches its processes (the task in the job, a `task.command` child, a rendered
-sbatch script). `JobEnv` names every variable; nothing else spells them."""
+"""The job's interfaces with the world, each named once: the SLURMAGENT_* variables through
+which its context reaches its processes (the task in the job, a `task.command` child, a
+rendered sbatch script) and the files it leaves in its task directory for the supervisor and
+for people (`slurmagent status`, `logs`, `results`, `report`)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["JobEnv"]
+__all__ = ["JobEnv", "TaskFile"]
 
 
 class JobEnv(StrEnum):
@@ -20,3 +21,11 @@ class JobEnv(StrEnum):
     RESOURCES = "SLURMAGENT_RESOURCES"  # JSON: the resources the task runs with (resources.*)
     CHECKPOINT = "SLURMAGENT_CHECKPOINT"  # JSON: the checkpoint policy (checkpoint.*), StepLoop's default
     HEALTH = "SLURMAGENT_HEALTH"  # JSON: runtime health checks (health.*)
+
+
+class TaskFile(StrEnum):
+    METRICS = "metrics.jsonl"  # one JSON line per `loop.report(...)`: {"step": …, name: value}
+    PROGRESS = "progress.json"  # where the run is: step of total, latest metrics, speed (StepLoop)
+    HEALTH = "health.jsonl"  # every runtime health check
+    HEALTH_STOP = "health_stop.json"  # the CRITICAL check that moved the job off its node
+    COMMAND_STDERR = "command.stderr"  # a task.command's stderr

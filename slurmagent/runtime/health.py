@@ -21,11 +21,12 @@ from slurmagent.config import HealthConf
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
 from slurmagent.runtime.context import JobContext
+from slurmagent.runtime.env import TaskFile
 
 log = logging.getLogger(__name__)
 
-STOP_RECORD = "health_stop.json"
-HISTORY = "health.jsonl"
+STOP_RECORD = TaskFile.HEALTH_STOP
+HISTORY = TaskFile.HEALTH
 
 
 class HealthMonitor:

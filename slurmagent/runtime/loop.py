@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import IO, Any, Literal, Protocol
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
 from slurmagent.runtime.context import JobContext
+from slurmagent.runtime.env import TaskFile
 from slurmagent.runtime.health import HealthMonitor, monitor_for
 from slurmagent.runtime.signals import GraceFn, StopFlag, install_handlers, restore_handlers, signal_number
 
@@ -116,6 +118,8 @@ class StepLoop:
         self._last_save = clock()
         self.step = 0
         self._metrics_file: IO[str] | None = None
+        self._run_started = time.monotonic()
+        self._progress_at = 0.0
         self._grace = grace if grace is not None else (ctx.signals.grace if ctx.signals is not None else None)
         self.last_saved_step: int | None = None
         self.stop_note = ""  # what the stop did about its checkpoint, for logs and tests
@@ -198,8 +202,39 @@ class StepLoop:
         if self.is_writer:
             if self._metrics_file is None:
                 self.ctx.output_dir.mkdir(parents=True, exist_ok=True)
-                self._metrics_file = open(self.ctx.output_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115 - closed at loop end
+                self._metrics_file = open(self.ctx.output_dir / TaskFile.METRICS, "a", buffering=1)  # noqa: SIM115 - closed at loop end
             self._metrics_file.write(json.dumps({"step": self.step, **values}) + "\n")
+            self._progress()
+
+    PROGRESS_EVERY_S = 1.0  # progress.json is rewritten at most this often
+
+    def _progress(self, force: bool = False) -> None:
+        """`<output dir>/progress.json`: where this run is (step of total, the latest metrics,
+        steps per second since it started or resumed), for `slurmagent status`. Best effort:
+        written without fsync, at most once a second."""
+        now = time.monotonic()
+        if not force and now - self._progress_at < self.PROGRESS_EVERY_S:
+            return
+        self._progress_at = now
+        done = self.step + 1 if not force else self.step
+        elapsed = now - self._run_started
+        rate = (done - self.start_step) / elapsed if elapsed > 0 and done > self.start_step else None
+        body = {
+            "step": done,
+            "total_steps": self.total_steps,
+            "start_step": self.start_step,
+            "steps_per_s": rate,
+            "metrics": self.metrics,
+            "time": time.time(),
+            "attempt": self.ctx.attempt,
+        }
+        path = self.ctx.output_dir / TaskFile.PROGRESS
+        tmp = path.with_name(f".{TaskFile.PROGRESS}.{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(body))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # progress is a view, never a reason to stop training
 
     def _due(self, done: int) -> bool:
         if self.conf.every_steps and done % self.conf.every_steps == 0:
@@ -211,6 +246,7 @@ class StepLoop:
         periodic = 0 < self.conf.every_steps < self.total_steps or self.conf.every_seconds
         try:
             self.restore()
+            self._run_started = time.monotonic()
             if self.is_writer and self.background_saves and periodic:
                 self.manager.prepare(self.state.state_dict())  # snapshot memory, allocated in the background
             if agree_stop(self.flag.set):  # stopped before the first step: nothing new to save
@@ -233,6 +269,8 @@ class StepLoop:
             self.step = self.total_steps
             if self.total_steps > self.start_step or self.restored_from is None:
                 self.save(self.total_steps)
+            if self.is_writer and self._metrics_file is not None:
+                self._progress(force=True)
         finally:
             self.manager.wait(raise_errors=False)  # leaving early: let a background write finish
             restore_handlers(previous)

@@ -26,22 +26,46 @@ def _console() -> Any:
 
 
 # -- audit ----------------------------------------------------------------------------------
+def audit_path(given: Path) -> tuple[Path, str]:
+    """The audit log a command means — a sweep directory's `audit.jsonl`, or the file given —
+    and what is wrong with it: "" (it is there), "none" (a sweep directory where nothing was
+    recorded yet) or "deleted" (the head file survives the log). A file named that does not
+    exist is an AuditError (bad input)."""
+    from slurmagent.safety.paths import SWEEP_AUDIT
+
+    path = given / SWEEP_AUDIT if given.is_dir() else given
+    if path.exists():
+        return path, ""
+    if path.with_name(path.name + ".head").exists():
+        return path, "deleted"
+    if not given.is_dir():  # a file named that is not there: a typo, not an empty history
+        raise AuditError(f"{given}: no such audit log (give a sweep directory or its audit.jsonl)")
+    return path, "none"
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from slurmagent.safety.audit import AuditLog, audit_table, filter_records, parse_since, verify
 
+    path, missing = audit_path(args.path)
+    if missing == "none":
+        print(f"{path}: no automated action has been recorded there yet (no audit log)")
+        return EXIT_OK
+    if missing == "deleted":
+        print(f"{path}: deleted: the log is gone but its head file {path.name}.head is still there")
+        return EXIT_FAILED
     if args.audit_cmd == "verify":
-        problems = verify(args.path)
-        count = len(AuditLog(args.path).records()) if not problems else None
+        problems = verify(path)
+        count = len(AuditLog(path).records()) if not problems else None
         if not problems:
-            print(f"{args.path}: {count} record(s), hash chain intact")
+            print(f"{path}: {count} record(s), hash chain intact")
             return EXIT_OK
         for p in problems:
-            print(f"{args.path}: {p.kind}: {p.message}")
+            print(f"{path}: {p.kind}: {p.message}")
         return EXIT_FAILED
     try:
-        records = AuditLog(args.path).records()
+        records = AuditLog(path).records()
     except FileNotFoundError:
-        raise AuditError(f"{args.path}: no such audit log") from None
+        raise AuditError(f"{path}: no such audit log") from None
     except ValueError as exc:
         raise AuditError(f"{args.path} has a record that is not JSON ({exc}); run `slurmagent audit verify`") from None
     since = parse_since(args.since) if args.since else None
@@ -51,7 +75,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             print(json.dumps(r, default=str))
     else:
         # the summary on its own line: a table title would wrap a long path mid-sentence
-        print(f"{args.path}: {len(rows)} of {len(records)} record(s)")
+        print(f"{path}: {len(rows)} of {len(records)} record(s)")
         _console().print(audit_table(rows, "audit"))
     return EXIT_OK
 
@@ -254,12 +278,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 # -- registration ---------------------------------------------------------------------------
 def add_parsers(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
-    a = sub.add_parser("audit", help="verify or show an audit log")
+    where = "a sweep directory, or an audit log file (a sweep's audit.jsonl, or your own one)"
+    a = sub.add_parser("audit", help="verify or show the audit log of automated actions")
     asub = a.add_subparsers(dest="audit_cmd", required=True)
     av = asub.add_parser("verify", help="check the hash chain; names an edited/deleted/reordered/truncated record")
-    av.add_argument("path", type=Path)
+    av.add_argument("path", type=Path, help=where)
     ash = asub.add_parser("show", help="print the records as a table")
-    ash.add_argument("path", type=Path)
+    ash.add_argument("path", type=Path, help=where)
     ash.add_argument("--job", default=None, help="only this job id (or target)")
     ash.add_argument("--action", default=None, help="only this action kind (resubmit, cancel, …)")
     ash.add_argument("--decision", default=None, help="only this decision (allow, deny, needs_approval, held, …)")

@@ -135,6 +135,12 @@ def _raw_flags(res: ResourcesConf) -> dict[str, str]:
     return flags
 
 
+def safe_job_name(name: str) -> str:
+    """A job name sbatch takes literally: letters, digits and _ . - (at most 64 characters)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.\-]", "_", name)[:64]
+    return cleaned or "slurmagent"
+
+
 def signal_flag(recovery: RecoveryConf, batch_shell: bool) -> str:
     """--signal value: `B:` sends it to the batch shell only; without, to the job steps."""
     prefix = "B:" if batch_shell else ""

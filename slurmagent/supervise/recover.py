@@ -18,6 +18,7 @@ from slurmagent.files import atomic_write
 from slurmagent.records import Action, Decision, Evidence
 from slurmagent.recovery.diagnose import Diagnosis, diagnose
 from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan
+from slurmagent.runtime.env import TaskFile
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.gate import Gate
@@ -59,7 +60,7 @@ def collect_logs(state: SweepState, task: TaskRecord) -> dict[str, str]:
     """Everything that tells why a task failed: its job's logs, a command's own stderr, and
     the error it raised."""
     logs = task_logs(state, task.job_id) if task.job_id else {}
-    command_err = Path(state.sweep_dir) / str(task.index) / "command.stderr"  # task.command's own stderr
+    command_err = Path(state.sweep_dir) / str(task.index) / TaskFile.COMMAND_STDERR  # task.command's own stderr
     if command_err.exists():
         logs[str(command_err)] = command_err.read_text(errors="replace")[-LOG_TAIL_BYTES:]
     if task.error:

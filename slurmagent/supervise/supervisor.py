@@ -15,12 +15,12 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 from submitit.core.utils import JobPaths
 
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI, TaskStatus
 from slurmagent.supervise.recover import Recoverer, Resubmitter
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
+from slurmagent.supervise.views import summary_line, sweep_table, terminal
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Supervisor:
         self.slurm = slurm or SlurmCLI()
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
-        self.console = console or Console(stderr=True)
+        self.console = console or terminal(stderr=True)
         self._sleep = sleep
         self._no_result_seen: dict[str, int] = {}
         self.queries = 0
@@ -213,35 +213,3 @@ class _Null:
 
     def update(self, *_a: object, **_k: object) -> None:
         return None
-
-
-def summary_line(state: SweepState) -> str:
-    counts = state.counts()
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {len(state.tasks)})"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    text = " ".join(f"{k}={_short(v)}" for k, v in list(value.items())[:3]) if isinstance(value, dict) else str(value)
-    return text if len(text) < 48 else text[:45] + "..."
-
-
-def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
-    common = set.intersection(*(set(t.overrides) for t in state.tasks)) if len(state.tasks) > 1 else set()
-
-    def varying(overrides: list[str]) -> list[str]:
-        return [o for o in overrides if o not in common]
-
-    table = Table(title=Text(f"sweep {state.sweep_dir} — {summary_line(state)}"))
-    for col in ("#", "job", "state", "attempts", "overrides", "result / reason"):
-        table.add_column(col)
-    rows = sorted(state.tasks, key=lambda t: (t.state == "COMPLETED", t.index))[:max_rows]
-    for t in rows:
-        detail = _short(t.result) if t.state == "COMPLETED" else (t.error.splitlines()[0] if t.error else "")
-        # Text cells: overrides and errors are user data, never rich markup
-        cells = (str(t.index), t.job_id or "-", t.state, str(len(t.attempts)), " ".join(varying(t.overrides)), detail)
-        table.add_row(*(Text(c) for c in cells))
-    if len(state.tasks) > max_rows:
-        table.caption = f"{len(state.tasks) - max_rows} more rows; `slurmagent status --json` lists all"
-    return table

@@ -77,7 +77,7 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
     )
     job = first_job_id(sweep)
     fake.wait(job, ("RUNNING",))
-    wait_steps(sweep, 10)
+    wait_steps(sweep, 12)
     fake.fail(job, "OUT_OF_MEMORY")  # the cgroup's OOM kill, with slurmstepd's line in stderr
     _, err = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, err
@@ -86,7 +86,9 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
     assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and task["diagnosis"]["cause"] == "host_oom"
     assert state["specs"][task["spec_id"]]["resources"]["mem"] == "384M"  # 256M × 1.5
-    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10
+    # resumed from a periodic checkpoint (every 5 steps; the one at step 10 may still have been
+    # in flight, in the background, when the job was killed)
+    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 5
     decisions = [(r["type"], r["action"], r["decision"]) for r in audit(sweep)]
     assert decisions == [("decision", "resubmit", "allow"), ("outcome", "resubmit", "allow")]
 

@@ -25,10 +25,10 @@ from omegaconf.errors import OmegaConfBaseException
 from slurmagent.config import LauncherConf, job_spec
 from slurmagent.errors import ConfigError, PolicyError, SlurmAgentError
 from slurmagent.launch.backend import slurm_parameters
-from slurmagent.render import render, safe_job_name
+from slurmagent.render import render
 from slurmagent.safety.executors import delete_inside
 from slurmagent.safety.policy import parse_policy
-from slurmagent.slurm.sbatch import sbatch_flags
+from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "PWNED"

@@ -83,8 +83,8 @@ def test_cli_lists_plugins_and_exits_with_their_status(plugin_path: Path) -> Non
     assert proc.returncode == 1 and json.loads(proc.stdout)["reasons"] == ["scratch 91% full"]
 
 
-def test_unknown_skill_is_unknown_exit_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["skill", "no_such_skill"]) == 3
+def test_unknown_skill_is_bad_input_naming_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["skill", "no_such_skill"]) == 2  # bad input, as every slurmagent command
     err = capsys.readouterr().err
     assert "unknown skill 'no_such_skill'" in err and "gpu_health_check" in err
 
@@ -93,7 +93,8 @@ def test_unknown_skill_is_unknown_exit_naming_the_choices(capsys: pytest.Capture
 def test_contract(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Every registered skill: named and described; `run()` never raises and returns a
     SkillResult of its own name, JSON-serialisable, with reasons when not OK; an unknown
-    input is UNKNOWN naming it; the CLI prints that JSON and exits with its status."""
+    input is UNKNOWN naming it; the CLI prints that JSON and exits with its status; a bad
+    command-line argument is bad input (2)."""
     cls = get_skill(name)
     assert issubclass(cls, BaseSkill) and cls.name == name and cls.description.strip()
     res = run_skill(name)
@@ -105,4 +106,11 @@ def test_contract(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["skill", name, "--json"])
     out = json.loads(capsys.readouterr().out)
     assert out["skill"] == name and code == Status[out["status"]].value
-    assert main(["skill", name, "--no-such-flag"]) == 3
+    assert main(["skill", name, "--no-such-flag"]) == 2
+
+
+def test_human_output_shows_the_findings(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["skill", "env_check"])
+    out = capsys.readouterr().out
+    assert out.startswith("env_check ") and "findings:" in out and "python: 3." in out and "torch:" in out
+    assert code in (0, 1, 2, 3)

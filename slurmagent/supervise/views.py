@@ -1,0 +1,203 @@
+"""What a person sees of a sweep, read-only and pure over its files: the table (with each
+task's Slurm runs and, while it runs, its progress), the log files of every attempt, and
+the results as rows. `slurmagent status`, `watch`, `logs` and `results` print these."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from slurmagent.runtime.env import TaskFile
+from slurmagent.supervise.state import SweepState, TaskRecord
+
+
+def terminal(stderr: bool = False) -> Console:
+    """The console for tables and progress: a terminal's own width, else (a log file, a pipe)
+    wide enough that a line or a command to copy is never wrapped in the middle."""
+
+    stream = sys.stderr if stderr else sys.stdout
+    wide = None if stream.isatty() else 200
+    return Console(stderr=stderr, width=wide, soft_wrap=not stream.isatty())
+
+
+def task_dir(state: SweepState, task: TaskRecord) -> Path:
+    """A task's own directory: the sweep's `hydra.sweep.subdir` (the task's job number)."""
+    return Path(state.sweep_dir) / str(task.index)
+
+
+def runs(task: TaskRecord) -> int:
+    """How many times Slurm ran the task: every attempt (a submission) and its requeues."""
+    return sum(a.restarts + 1 for a in task.attempts) if task.attempts else 0
+
+
+def runs_text(task: TaskRecord) -> str:
+    """`1`, `3 (2 requeued)`, `2 (1 resubmitted)`, `4 (1 resubmitted, 2 requeued)`."""
+    total, resubmitted = runs(task), max(0, len(task.attempts) - 1)
+    requeued = total - len(task.attempts)
+    notes = [f"{n} {what}" for n, what in ((resubmitted, "resubmitted"), (requeued, "requeued")) if n]
+    return f"{total} ({', '.join(notes)})" if notes else str(total)
+
+
+def progress(state: SweepState, task: TaskRecord) -> dict[str, Any] | None:
+    """The running task's progress.json: step, total_steps, steps_per_s, metrics, time."""
+    try:
+        data = json.loads((task_dir(state, task) / TaskFile.PROGRESS).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 90:
+        return f"{seconds}s"
+    if seconds < 5400:
+        return f"{round(seconds / 60)}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+def progress_text(p: dict[str, Any], now: float | None = None) -> str:
+    """`step 120/300 (40%) loss=0.123 ETA 2m` (the ETA from this run's own speed)."""
+    step, total = int(p.get("step", 0)), p.get("total_steps")
+    head = f"step {step}/{total} ({100 * step // total}%)" if total else f"step {step}"
+    metrics = " ".join(f"{k}={_short(v)}" for k, v in list((p.get("metrics") or {}).items())[:2])
+    rate = p.get("steps_per_s")
+    eta = ""
+    if total and rate:
+        age = max(0.0, (now or time.time()) - float(p.get("time", 0)))
+        eta = f"ETA {_duration(max(0.0, (total - step) / rate - age))}"
+    return " ".join(x for x in (head, metrics, eta) if x)
+
+
+def summary_line(state: SweepState) -> str:
+    counts = state.counts()
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {len(state.tasks)})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = " ".join(f"{k}={_short(v)}" for k, v in list(value.items())[:3]) if isinstance(value, dict) else str(value)
+    return text if len(text) < 48 else text[:45] + "..."
+
+
+def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
+    common = set.intersection(*(set(t.overrides) for t in state.tasks)) if len(state.tasks) > 1 else set()
+
+    def varying(overrides: list[str]) -> list[str]:
+        return [o for o in overrides if o not in common]
+
+    table = Table(title=Text(f"sweep {state.sweep_dir} — {summary_line(state)}"))
+    for col in ("#", "job", "state", "runs", "overrides", "result / progress / reason"):
+        table.add_column(col)
+    rows = sorted(state.tasks, key=lambda t: (t.state == "COMPLETED", t.index))[:max_rows]
+    for t in rows:
+        if t.state == "COMPLETED":
+            detail = _short(t.result)
+        elif t.state == "RUNNING" and (p := progress(state, t)) is not None:
+            detail = progress_text(p)
+        else:
+            detail = t.error.splitlines()[0] if t.error else ""
+        # Text cells: overrides and errors are user data, never rich markup
+        cells = (str(t.index), t.job_id or "-", t.state, runs_text(t), " ".join(varying(t.overrides)), detail)
+        table.add_row(*(Text(c) for c in cells))
+    captions = [f"logs: slurmagent logs {state.sweep_dir} TASK"]
+    if len(state.tasks) > max_rows:
+        captions.insert(0, f"{len(state.tasks) - max_rows} more rows; `slurmagent status --json` lists all")
+    table.caption = "; ".join(captions)
+    return table
+
+
+# -- logs ------------------------------------------------------------------------------------------------
+def log_files(state: SweepState, task: TaskRecord) -> list[tuple[str, Path]]:
+    """Every log of a task that exists, oldest attempt first: each Slurm job's stdout and
+    stderr (a requeued run appends to its job's files), then the task's own logs (Hydra's job
+    log, a command's stderr) in its directory."""
+    from submitit.core.utils import JobPaths
+
+    out: list[tuple[str, Path]] = []
+    for n, attempt in enumerate(task.attempts, start=1):
+        paths = JobPaths(state.submitit_folder, job_id=attempt.job_id, task_id=0)
+        for kind, path in (("stdout", paths.stdout), ("stderr", paths.stderr)):
+            out.append((f"attempt {n}, job {attempt.job_id}, {kind}", Path(path)))
+    folder = task_dir(state, task)
+    for path in [*sorted(folder.glob("*.log")), folder / TaskFile.COMMAND_STDERR]:
+        out.append((f"task {task.index}, {path.name}", path))
+    return [(label, path) for label, path in out if path.is_file()]
+
+
+def tail_lines(path: Path, lines: int) -> str:
+    """The last `lines` lines of a file (all of it for lines <= 0), read from its end."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        size = fh.tell()
+        block = min(size, max(1, lines) * 400) if lines > 0 else size
+        while True:
+            fh.seek(size - block)
+            data = fh.read(block)
+            if lines <= 0 or data.count(b"\n") > lines or block == size:
+                break
+            block = min(size, block * 4)
+    text = data.decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:]) if lines > 0 else text
+
+
+# -- results ---------------------------------------------------------------------------------------------
+def varying_overrides(state: SweepState) -> dict[int, dict[str, str]]:
+    """Each task's overrides that differ between tasks, as key → value."""
+    common = set.intersection(*(set(t.overrides) for t in state.tasks)) if len(state.tasks) > 1 else set()
+    return {t.index: dict(o.split("=", 1) for o in t.overrides if o not in common and "=" in o) for t in state.tasks}
+
+
+def result_rows(state: SweepState, sort: str | None = None, descending: bool = False) -> list[dict[str, Any]]:
+    """One row per task: index, state, runs, the varying overrides, the result's values (a
+    result that is a mapping gives one column per key), and the error's first line. Sorted by
+    a column when asked; rows without it come last."""
+    params = varying_overrides(state)
+    rows = []
+    for t in state.tasks:
+        row: dict[str, Any] = {"task": t.index, "state": t.state, "runs": runs(t), "job": t.job_id or ""}
+        row.update(params.get(t.index, {}))
+        if isinstance(t.result, dict):
+            row.update({k: v for k, v in t.result.items() if isinstance(v, (int, float, str, bool)) or v is None})
+        elif t.result is not None:
+            row["result"] = t.result
+        if t.state != "COMPLETED" and t.error:
+            row["error"] = t.error.splitlines()[0]
+        rows.append(row)
+    if sort:
+        known = sorted({k for r in rows for k in r})
+        if sort not in known:
+            from slurmagent.errors import ConfigError, choices
+
+            raise ConfigError(f"--sort {sort!r} is not a column of these results; columns: {choices(known)}")
+        present = [r for r in rows if isinstance(r.get(sort), (int, float, str)) and not isinstance(r[sort], bool)]
+        missing = [r for r in rows if r not in present]
+        present.sort(key=lambda r: (isinstance(r[sort], str), r[sort]), reverse=descending)
+        rows = present + missing
+    return rows
+
+
+def columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The columns of `rows` in a stable order: task, state, runs, job, then the rest as met."""
+    out: list[str] = []
+    for r in rows:
+        out.extend(k for k in r if k not in out)
+    return out
+
+
+def results_table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=Text(title))
+    cols = columns(rows)
+    for col in cols:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(Text(_short(r[c]) if c in r and r[c] is not None else "") for c in cols))
+    return table
