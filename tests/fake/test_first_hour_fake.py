@@ -152,3 +152,31 @@ def test_logs_follow_a_task_to_its_end(fake: FakeSlurm, tmp_path: Path) -> None:
     launcher.communicate(timeout=300)
     assert follow.returncode == 0 and "task 0 ended COMPLETED" in follow.stdout
     assert "digits_mlp done" in follow.stdout and _state(sweep)["tasks"][0]["state"] == "COMPLETED"
+
+
+def test_doctor_takes_an_arrays_own_id_and_says_when_nothing_failed(fake: FakeSlurm, tmp_path: Path) -> None:
+    (tmp_path / "flaky.py").write_text(
+        "def train(cfg):\n"
+        "    if cfg.synthetic.steps == 3:\n"
+        "        raise FileNotFoundError(\"[Errno 2] No such file or directory: 'data/train/labels.csv'\")\n"
+        "    return {'ok': 1}\n"
+    )
+    sweep = tmp_path / "sweep"
+    proc = slurmagent(
+        fake,
+        tmp_path,
+        "cluster=slurm",
+        "task.target=flaky:train",
+        "recovery.max_attempts=1",
+        "-m",
+        "synthetic.steps=2,3",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.launcher.poll_interval_s=0.3",
+    )
+    assert proc.returncode == 1
+    array = sweep_state(sweep)["array_ids"][0]
+    doctor = slurmagent(fake, tmp_path, "doctor", array)  # the array's own id, as squeue shows it
+    assert doctor.returncode == 1 and f"job {array}_1 (FAILED" in doctor.stdout
+    assert "missing_path" in doctor.stdout and f"{array}_0" not in doctor.stdout
+    fine = slurmagent(fake, tmp_path, "doctor", f"{array}_0")
+    assert fine.returncode == 0 and "nothing to diagnose: 1 of 1 job(s)" in fine.stdout

@@ -217,3 +217,10 @@ def test_a_failing_task_is_a_failed_job(tmp_path: Path) -> None:
     job = json.loads((sweep / "sweep.json").read_text())["tasks"][0]["attempts"][0]["job_id"]
     out = "".join((sweep / ".submitit" / f"{job}_0_log.{kind}").read_text() for kind in ("out", "err"))
     assert "Job completed successfully" not in out and "RuntimeError: disk full" in out
+
+
+def test_the_reattach_hint_is_one_line_in_a_log_file(tmp_path: Path) -> None:
+    sweep = tmp_path / ("a-long-sweep-directory-name-" * 3) / "sweep"
+    proc = cli(["-m", "synthetic.steps=2", f"hydra.sweep.dir={sweep}", "hydra.launcher.poll_interval_s=0.2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"if this launcher dies: slurmagent watch {sweep}\n" in proc.stderr  # stderr is a pipe here
