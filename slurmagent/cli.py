@@ -108,7 +108,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from slurmagent.launch.backend import SubmititResubmitter
     from slurmagent.supervise.state import SweepStore
     from slurmagent.supervise.supervisor import Supervisor
-    from slurmagent.supervise.views import runs, sweep_table, terminal
+    from slurmagent.supervise.views import health_note, runs, sweep_table, terminal
 
     if args.refresh:
         Supervisor(args.sweep_dir, resubmit=SubmititResubmitter()).poll_once()
@@ -130,6 +130,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "result": t.result,
                     "error": t.error,
                     "diagnosis": t.diagnosis,
+                    "health": health_note(state, t) or None,
                 }
                 for t in state.tasks
             ],

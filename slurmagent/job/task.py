@@ -28,6 +28,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from slurmagent.config import JobSpec, job_spec, resolve_target, spec_dict
 from slurmagent.errors import ConfigError, TaskFailedError
+from slurmagent.job.boot import release_stop_signals
 from slurmagent.job.stop import GraceWindow, handle_stop
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.env import JobEnv, TaskFile
@@ -65,6 +66,7 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
         flag = StopFlag()
         signals = [signal_number(spec.recovery.signal), signal.SIGTERM, signal.SIGCONT]
         previous = install_handlers(flag, signals)
+        release_stop_signals()  # a stop held since the process started (job/boot.py) lands on the flag now
         ctx = replace(ctx, signals=StopSignals(flag, GraceWindow(spec.recovery, ctx.backend, slurm)))
     set_current(ctx)
     os.environ.update(ctx.to_env())
@@ -156,13 +158,25 @@ def run_command(argv: list[str], ctx: JobContext) -> Any:
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, **ctx.to_env())
     err_path = ctx.output_dir / TaskFile.COMMAND_STDERR
-    with open(err_path, "ab") as err:
-        proc = subprocess.Popen(argv, env=env, stderr=err, cwd=ctx.output_dir)
-        previous: dict[int, Any] = {sig: signal.signal(sig, lambda s, _f: proc.send_signal(s)) for sig in FORWARDED}
-        try:
-            code = proc.wait()
-        finally:
-            restore_handlers(previous)
+    started: list[subprocess.Popen[bytes]] = []
+    early: list[int] = []  # signals that came before the child existed: forwarded once it does
+
+    def forward(signum: int, _frame: Any) -> None:
+        if started:
+            started[0].send_signal(signum)
+        else:
+            early.append(signum)
+
+    previous: dict[int, Any] = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    release_stop_signals()  # held since the process started (job/boot.py): now they are forwarded
+    try:
+        with open(err_path, "ab") as err:
+            started.append(subprocess.Popen(argv, env=env, stderr=err, cwd=ctx.output_dir))
+        for signum in early:
+            started[0].send_signal(signum)
+        code = started[0].wait()
+    finally:
+        restore_handlers(previous)
     if code != 0:
         tail = err_path.read_text(errors="replace").splitlines()[-10:]
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"

@@ -3,6 +3,7 @@ one source of truth for sbatch flags."""
 
 from __future__ import annotations
 
+import shlex
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -90,6 +91,11 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
     def __init__(self, folder: Path, slurm: SlurmCLI, max_num_timeout: int) -> None:
         super().__init__(folder=folder, max_num_timeout=max_num_timeout)
         self.slurm = slurm
+
+    @property
+    def _submitit_command_str(self) -> str:
+        # job/boot.py holds Slurm's stop signals from the process's first line, then runs submitit
+        return f"{self.python} -u -m slurmagent.job.boot {shlex.quote(str(self.folder))}"
 
     def _submit_command(self, command: str) -> submitit.Job[Any]:
         uid = uuid.uuid4().hex

@@ -41,6 +41,7 @@ from slurmagent.job.runner import SweepRunner, TaskPayload, write_context
 from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititResubmitter, make_executor, resolve_backend
 from slurmagent.launch.sweeper import spec_relevant
+from slurmagent.safety.policy import resolve_policy
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name
 from slurmagent.slurm.seam import SlurmCLI
@@ -133,6 +134,10 @@ class ArrayLauncher:
             console.print(f"[slurmagent] warning: {warning}", markup=False, highlight=False)
         for target in sorted({s.task.target for s in specs if s.task.target}):
             check_importable(target)
+        try:  # the policy every automated action of this sweep will be decided by: broken → refuse now
+            resolve_policy(sweep_dir)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; nothing was submitted") from None
         choices = {s.cluster for s in specs}
         if len(choices) > 1:
             raise ConfigError(

@@ -111,6 +111,7 @@ class _Job:
     started: float | None = None
     ended: float | None = None
     run: int = 0  # runs started so far; a run's processes belong to "<id>#<run>"
+    requeued_at: float = 0.0  # when Slurm last requeued it (accounting shows the new run only later)
     warned: bool = False  # the time-limit user signal was sent
 
 
@@ -131,6 +132,7 @@ class FakeSlurm:
         max_array_size: int = 1001,
         python: str = sys.executable,
         requeue_delay_s: float = 0.5,
+        accounting_lag_s: float = 0.0,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -157,6 +159,8 @@ class FakeSlurm:
                     "nodes": {n.name: {**asdict(n), "state": "idle", "reason": ""} for n in node_list},
                     "jobs": {},
                     "requeue_delay_s": requeue_delay_s,  # a requeued job waits this long (BeginTime)
+                    # sacct shows a requeued job's new run only this long after the requeue (slurmdbd lags)
+                    "accounting_lag_s": accounting_lag_s,
                     "controller_up": True,
                     "dying": {},  # "<job>#<run>" → when its processes get SIGKILL
                 }
@@ -324,10 +328,11 @@ class FakeSlurm:
         st["dying"][f"{job.id}#{job.run}"] = time.time() + kill_after
         if state in ("REQUEUED", "PREEMPTED") or (state == "NODE_FAIL" and job.requeue):
             job.runs.append((state, job.node))
+            job.requeued_at = time.time()
             job.state, job.reason, job.restarts, job.node = "PENDING", "BeginTime", job.restarts + 1, ""
             job.begin = time.time() + float(st.get("requeue_delay_s", 0.5))
-        else:
-            job.state, job.exit_code, job.ended = state, exit_code, time.time()
+        else:  # PREEMPTED_FINAL: PreemptMode=CANCEL, the job ends as PREEMPTED
+            job.state, job.exit_code, job.ended = state.removesuffix("_FINAL"), exit_code, time.time()
 
     @staticmethod
     def _kill_wait(st: dict[str, Any]) -> float:
@@ -353,10 +358,11 @@ class FakeSlurm:
         with self._edit() as st:
             st["controller_up"] = up
 
-    def preempt(self, job_id: str) -> None:
-        """Preemption with PreemptMode=REQUEUE: SIGCONT + SIGTERM (and the job's --signal) to
-        its step, SIGKILL after KillWait, then PENDING again with one more restart."""
-        self._end(job_id, "PREEMPTED", "0:15", ["CONT", "TERM"], user_signal=True)
+    def preempt(self, job_id: str, requeue: bool = True) -> None:
+        """Preemption: SIGCONT + SIGTERM (and the job's --signal) to its step, SIGKILL after
+        KillWait; with PreemptMode=REQUEUE (`requeue`) PENDING again with one more restart,
+        with PreemptMode=CANCEL ended as PREEMPTED."""
+        self._end(job_id, "PREEMPTED" if requeue else "PREEMPTED_FINAL", "0:15", ["CONT", "TERM"], user_signal=True)
 
     def warn(self, job_id: str) -> None:
         """Slurm's time-limit warning now: the job's --signal to its step."""
@@ -518,11 +524,11 @@ class FakeSlurm:
         rows: list[str] = []
         for jid in self._ids(st, wanted):
             job = self._job(st, jid)
-            runs = (
-                [*job.runs, (job.state, job.node)]
-                if "--duplicates" in args or "-D" in args
-                else [(job.state, job.node)]
-            )
+            runs = [*job.runs, (job.state, job.node)]
+            if job.runs and time.time() < job.requeued_at + float(st.get("accounting_lag_s", 0.0)):
+                runs = runs[:-1]  # accounting has the ended run, not yet the requeued one
+            if "--duplicates" not in args and "-D" not in args:
+                runs = runs[-1:]
             for state, node in runs:
                 values = {
                     "JobID": job.id,

@@ -49,8 +49,11 @@ class JobState:
     time_left: str  # Slurm time syntax, or UNLIMITED / NOT_SET / INVALID
 
 
+# PREEMPTED ends a job only where preemption cancels (PreemptMode=CANCEL); where it requeues,
+# accounting may show it for a moment before the requeued run: the supervisor asks the
+# controller before it believes a PREEMPTED job has ended (supervise/supervisor.py)
 TERMINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE"}
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 )
 
 
@@ -129,6 +132,25 @@ class SlurmCLI:
             return None
         state, reason, left = [*line.split("|"), "", ""][:3]
         return JobState(state.strip(), reason.strip(), left.strip())
+
+    def job_states(self, job_ids: Iterable[str]) -> dict[str, JobState]:
+        """The controller's view of many jobs in one squeue call; the jobs it no longer knows
+        (ended a while ago) are absent."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        try:
+            out = self.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i|%T|%r|%L"])
+        except SlurmCommandError as exc:
+            if "Invalid job id" in exc.stderr:
+                return {}
+            raise
+        states: dict[str, JobState] = {}
+        for line in out.splitlines():
+            job, state, reason, left = [*line.split("|"), "", "", ""][:4]
+            if job.strip():
+                states[job.strip()] = JobState(state.strip(), reason.strip(), left.strip())
+        return states
 
     def job_fields(self, job_id: str) -> dict[str, str]:
         """`scontrol show job -o`: the job's fields (StdOut, StdErr, ExcNodeList, …); {} when unknown."""

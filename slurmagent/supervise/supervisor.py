@@ -4,6 +4,7 @@ whole sweep, results collected from submitit's result files, states kept in swee
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -17,7 +18,8 @@ from rich.live import Live
 from rich.table import Table
 from submitit.core.utils import JobPaths
 
-from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI, TaskStatus
+from slurmagent.errors import SlurmAgentError
+from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
 from slurmagent.supervise.recover import Recoverer, Resubmitter
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.views import summary_line, sweep_table, terminal
@@ -104,7 +106,17 @@ class Supervisor:
         if state.backend == "slurm":
             ids = {t.job_id.split("_")[0] for t in pending if t.job_id}
             self.queries += 1
-            return self.slurm.statuses(ids)
+            statuses = self.slurm.statuses(ids)
+            preempted = [j for j, s in statuses.items() if s.state == "PREEMPTED"]
+            if preempted:  # requeued (it runs again) or ended (PreemptMode=CANCEL)? the controller knows
+                try:
+                    alive = self.slurm.job_states(preempted)
+                except SlurmAgentError:
+                    alive = {j: JobState("UNKNOWN", "", "") for j in preempted}  # no answer: decide later
+                for job, seen in alive.items():
+                    if job in statuses and seen.state not in TERMINAL_STATES:
+                        statuses[job] = dataclasses.replace(statuses[job], state=seen.state)
+            return statuses
         out: dict[str, TaskStatus] = {}
         for t in pending:
             if t.job_id:

@@ -76,6 +76,20 @@ def progress_text(p: dict[str, Any], now: float | None = None) -> str:
     return " ".join(x for x in (head, metrics, eta) if x)
 
 
+def health_note(state: SweepState, task: TaskRecord) -> str:
+    """`moved off t4-1 at step 30 (health CRITICAL: GPU 0: 3 volatile uncorrected ECC error(s))`
+    when the runtime's health check moved the task off a sick node (health_stop.json)."""
+    try:
+        stop = json.loads((task_dir(state, task) / TaskFile.HEALTH_STOP).read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(stop, dict):
+        return ""
+    why = (stop.get("reasons") or ["CRITICAL"])[0]
+    where = "moved off" if stop.get("excluded") else "stopped on"
+    return f"{where} {stop.get('node', '?')} at step {stop.get('step', '?')} (health CRITICAL: {why})"
+
+
 def summary_line(state: SweepState) -> str:
     counts = state.counts()
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {len(state.tasks)})"
@@ -105,6 +119,8 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
             detail = progress_text(p)
         else:
             detail = t.error.splitlines()[0] if t.error else ""
+        if t.state != "COMPLETED" and (moved := health_note(state, t)):
+            detail = f"{moved}; {detail}" if detail else moved
         # Text cells: overrides and errors are user data, never rich markup
         cells = (str(t.index), t.job_id or "-", t.state, runs_text(t), " ".join(varying(t.overrides)), detail)
         table.add_row(*(Text(c) for c in cells))

@@ -192,3 +192,63 @@ def test_watch_takes_over_after_the_launcher_is_killed(fake: FakeSlurm, tmp_path
     proc = slurmagent(fake, tmp_path, "watch", str(sweep), "--interval", "0.3")
     assert proc.returncode == 0, proc.stderr
     assert [t["result"]["digest"] for t in sweep_state(sweep)["tasks"]] == [digest(30), digest(31)]
+
+
+def test_a_stop_signal_before_the_runtime_is_ready_is_held_not_fatal(fake: FakeSlurm, tmp_path: Path) -> None:
+    """Slurm may signal a job during its first second (the time-limit warning can come a
+    minute early). The job process blocks the stop signals from its first line (job/boot.py)
+    and the runtime takes them when it is ready: the job stops cleanly and requeues itself."""
+    sweep = tmp_path / "sweep"
+    launcher = start(fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=40", f"hydra.sweep.dir={sweep}")
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    log = sweep / ".submitit" / f"{job}_0_log.out"
+    deadline = time.monotonic() + 60
+    while "Starting with JobEnvironment" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    fake.warn(job)  # USR2 while submitit is still loading the task: no handler of ours yet
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err
+    (task,) = sweep_state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and task["result"]["digest"] == digest(40)
+    assert task["attempts"][0]["restarts"] == 1  # it requeued itself once, through the gate
+    assert [r["action"] for r in audit(sweep)] == ["requeue", "requeue"]
+
+
+def test_a_requeued_preemption_is_never_a_failure_even_while_accounting_lags(tmp_path: Path) -> None:
+    """Accounting shows PREEMPTED for a while before the requeued run: the supervisor asks the
+    controller, sees the job waiting again, and neither fails nor resubmits the task."""
+    fake = FakeSlurm(tmp_path / "fake-slurm", kill_wait_s=3.0, accounting_lag_s=4.0)
+    sweep = tmp_path / "sweep"
+    launcher = start(
+        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
+    )
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    wait_steps(sweep, 10)
+    fake.preempt(job)
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err
+    assert "FAILED" not in err and "resubmitted" not in err
+    (task,) = sweep_state(sweep)["tasks"]
+    assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1
+    assert task["result"]["digest"] == digest(80)
+    assert ["squeue", "-h", "-j", job, "-o", "%i|%T|%r|%L"] in fake.logged_calls()  # it asked
+
+
+def test_a_preemption_that_cancels_the_job_is_recovered(fake: FakeSlurm, tmp_path: Path) -> None:
+    """PreemptMode=CANCEL: the job ends PREEMPTED; the supervisor resubmits the task."""
+    sweep = tmp_path / "sweep"
+    launcher = start(
+        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
+    )
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    wait_steps(sweep, 10)
+    fake.preempt(job, requeue=False)
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err
+    (task,) = sweep_state(sweep)["tasks"]
+    assert [a["state"] for a in task["attempts"]] == ["PREEMPTED", "COMPLETED"]
+    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10
