@@ -224,3 +224,10 @@ def test_the_reattach_hint_is_one_line_in_a_log_file(tmp_path: Path) -> None:
     proc = cli(["-m", "synthetic.steps=2", f"hydra.sweep.dir={sweep}", "hydra.launcher.poll_interval_s=0.2"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"if this launcher dies: slurmagent watch {sweep}\n" in proc.stderr  # stderr is a pipe here
+
+
+def test_a_broken_policy_refuses_the_sweep_before_anything_is_submitted(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = cli(["+policy=strict", "policy.rules.0.decision=maybe", "-m", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert proc.returncode == 2 and "decision='maybe' is not one of allow, deny, needs_approval" in proc.stderr
+    assert "nothing was submitted" in proc.stderr and not sweep.exists()
