@@ -1,40 +1,30 @@
 """ddp_gloo: a multi-node torch.distributed (gloo, CPU) job through the runtime.
 
 One process per task (`resources.nodes` × `resources.tasks_per_node`), data-parallel over
-a fixed regression data set. Every rank agrees on the step to stop at (the step loop's
-all-reduce), rank 0 writes the checkpoint and all ranks resume from it, so a preempted run
-ends with the same parameters as one that never stopped. The data order is a function of
-the step and no rank draws random numbers, so rank 0's state is the whole state.
+a fixed regression data set. Every rank draws its own random numbers — dropout from its own
+torch seed, input noise from its own generator — as augmentation and sampling do in real
+training. Every rank agrees on the step to stop at (the step loop's all-reduce), rank 0
+writes the checkpoint with every rank's RNG and generator state gathered into it, and each
+rank resumes with its own: a preempted run ends with the same parameters as one that never
+stopped, on the same nodes or on others.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
-from slurmagent.config import CheckpointConf, parse_conf
 from slurmagent.runtime import StepLoop, current
+from slurmagent.runtime.distributed import init_process_group
 from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_hash
 
 log = logging.getLogger(__name__)
-
-
-def master_address() -> tuple[str, int]:
-    """Rank 0's address: MASTER_ADDR/PORT when set, else the node that launched the job's
-    tasks (Slurm's SLURM_LAUNCH_NODE_IPADDR: submitit runs srun on the job's first node,
-    where rank 0 is), and a port derived from the job id so requeued runs agree."""
-    addr = os.environ.get("MASTER_ADDR") or os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
-    job = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
-    port = int(os.environ.get("MASTER_PORT") or 20000 + job % 20000)
-    return addr, port
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -42,29 +32,30 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     torch.use_deterministic_algorithms(True)
     d = cfg.ddp
     ctx = current()
-    addr, port = master_address()
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{addr}:{port}",
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        timeout=timedelta(seconds=int(d.get("timeout_s", 120))),
-    )
+    init_process_group("gloo", timeout_s=float(d.get("timeout_s", 120)))  # rendezvous from the job
     try:
         gen = torch.Generator().manual_seed(int(d.seed))
         x = torch.randn(int(d.samples), int(d.features), generator=gen)
         y = x @ torch.randn(int(d.features), 1, generator=gen) + 0.1 * torch.randn(int(d.samples), 1, generator=gen)
-        torch.manual_seed(int(d.seed))
-        model = torch.nn.Sequential(torch.nn.Linear(int(d.features), 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        torch.manual_seed(int(d.seed))  # the same initial model on every rank
+        model = torch.nn.Sequential(
+            torch.nn.Linear(int(d.features), 32),
+            torch.nn.Tanh(),
+            torch.nn.Dropout(float(d.get("dropout", 0.1))),
+            torch.nn.Linear(32, 1),
+        )
         ddp = DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=float(d.lr), momentum=0.9)
         batches = ResumableBatches(int(d.samples), int(d.batch_size), seed=int(d.seed))
-        ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
-        loop = StepLoop(ctx, TorchState(model, opt, data=batches), total_steps=int(d.steps), conf=ck)
+        torch.manual_seed(int(d.seed) + 1000 * (ctx.rank + 1))  # each rank's own dropout masks
+        noise = torch.Generator().manual_seed(int(d.seed) + ctx.rank)  # each rank's own augmentation
+        state = TorchState(model, opt, data=batches, generators={"noise": noise})
+        loop = StepLoop(ctx, state, total_steps=int(d.steps))  # the job's checkpoint.* policy
         for step in loop:
             shard = batches.indices(step)[ctx.rank :: ctx.world_size]  # this rank's part of the global batch
+            inputs = x[shard] + float(d.get("noise", 0.01)) * torch.randn(len(shard), x.shape[1], generator=noise)
             opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(ddp(x[shard]), y[shard])
+            loss = torch.nn.functional.mse_loss(ddp(inputs), y[shard])
             loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             loop.report(loss=loss.item())

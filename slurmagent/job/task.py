@@ -31,6 +31,7 @@ from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.job.boot import release_stop_signals
 from slurmagent.job.stop import GraceWindow, handle_stop
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
+from slurmagent.runtime.distributed import rendezvous_env
 from slurmagent.runtime.env import JobEnv, TaskFile
 from slurmagent.runtime.loop import StopForRequeue
 from slurmagent.runtime.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
@@ -70,6 +71,8 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
         ctx = replace(ctx, signals=StopSignals(flag, GraceWindow(spec.recovery, ctx.backend, slurm)))
     set_current(ctx)
     os.environ.update(ctx.to_env())
+    if ctx.world_size > 1:  # torchrun's variables: init_process_group("gloo"/"nccl") needs no arguments
+        os.environ.update({k: v for k, v in rendezvous_env(ctx).items() if k not in os.environ})
     try:
         return call(spec, ctx)
     except StopForRequeue as stop:

@@ -33,6 +33,16 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class PerRank(Protocol):
+    """What a state may add for a multi-rank job: the part that differs between ranks (RNG
+    states, data-loader generators). Rank 0 gathers every rank's into the one checkpoint and
+    each rank restores its own (`TorchState` has it)."""
+
+    def rank_state(self) -> dict[str, Any]: ...
+
+    def load_rank_state(self, state: dict[str, Any]) -> None: ...
+
+
 StopReason = Literal["signal", "health"]
 
 
@@ -58,17 +68,45 @@ def _distributed() -> Any:
     return dist
 
 
-def agree_stop(local: bool) -> bool:
-    """Every rank stops at the same step: a stop seen by any rank is a stop for all (one
-    tiny all-reduce per step, only in a multi-rank job)."""
+def agree(*local: bool) -> tuple[bool, ...]:
+    """Every rank decides the same: each flag seen by any rank is true for all (one tiny
+    all-reduce per step, only in a multi-rank job). The loop agrees on stopping, on a sick
+    node and on a periodic save, so every rank takes part in each save's gather."""
     dist = _distributed()
     if dist is None:
         return local
     import torch
 
-    flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    flags = torch.tensor([1 if x else 0 for x in local], dtype=torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return tuple(bool(x) for x in flags.tolist())
+
+
+def agree_stop(local: bool) -> bool:
+    return agree(local)[0]
+
+
+def _from_rank0(value: bool) -> bool:
+    """Rank 0's decision, on every rank."""
+    dist = _distributed()
+    if dist is None:
+        return value
+    import torch
+
+    flag = torch.tensor([1 if value else 0], dtype=torch.int32)
+    dist.broadcast(flag, src=0)
     return bool(flag.item())
+
+
+def _gather_rank_states(state: Any) -> list[dict[str, Any]] | None:
+    """Every rank's own part (PerRank.rank_state), on rank 0 (a collective: all ranks call it)."""
+    dist = _distributed()
+    if dist is None or not hasattr(state, "rank_state"):
+        return None
+    mine = state.rank_state()
+    everyone: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, everyone, dst=0)
+    return everyone
 
 
 def _barrier() -> None:
@@ -134,6 +172,18 @@ class StepLoop:
             return 0
         entry, payload = found
         self.state.load_state_dict(payload["state"])
+        ranks = payload.get("ranks")
+        if ranks is not None and hasattr(self.state, "load_rank_state"):
+            if len(ranks) == self.ctx.world_size:
+                self.state.load_rank_state(ranks[self.ctx.rank])  # this rank's own RNG and data order
+            else:
+                log.warning(
+                    "checkpoint at step %d holds %d ranks' states, this job has %d ranks: each rank restores "
+                    "rank 0's shared state only, so randomness is not exactly the uninterrupted run's",
+                    entry.step,
+                    len(ranks),
+                    self.ctx.world_size,
+                )
         self.metrics = dict(payload.get("metrics", {}))
         self.start_step = self.restored_from = entry.step
         log.info("resumed from checkpoint at step %d (%s)", entry.step, entry.file)
@@ -146,9 +196,12 @@ class StepLoop:
         """Checkpoint after `step` steps. background=True (periodic saves): returns after a
         snapshot, the write runs in a thread. Otherwise the write (and any earlier background
         one) is durable when this returns: stop-for-requeue and final saves."""
+        ranks = _gather_rank_states(self.state)  # every rank takes part; rank 0 receives
         if self.is_writer:
             started = time.monotonic()
             payload = {"state": self.state.state_dict(), "metrics": self.metrics, "step": step}
+            if ranks is not None:
+                payload["ranks"] = ranks
             self._gather_s = time.monotonic() - started
             if background and self.background_saves:
                 self.manager.save_background(step, payload)
@@ -178,11 +231,13 @@ class StepLoop:
         grace = self._grace(signum) if (self._grace is not None and signum) else None
         elapsed = time.monotonic() - self.flag.received_at if self.flag.received_at is not None else 0.0
         cost = self.save_cost_estimate  # a background write's time counts in full: conservative
-        if self.is_writer and grace is not None and cost > 0 and elapsed + cost > grace:
+        # rank 0 writes, so rank 0 decides whether the stop checkpoint fits; every rank follows
+        if _from_rank0(self.is_writer and grace is not None and cost > 0 and elapsed + cost > grace):
             fallback = self.last_saved_step if self.last_saved_step is not None else self.restored_from
+            left = max(0.0, (grace or 0.0) - elapsed)
             self.stop_note = (
-                f"stop checkpoint skipped: it takes about {cost:.1f} s and {max(0.0, grace - elapsed):.1f} s of the "
-                f"{grace:.0f} s grace window are left; the next attempt resumes from the periodic checkpoint at "
+                f"stop checkpoint skipped: it takes about {cost:.1f} s and {left:.1f} s of the "
+                f"{grace or 0:.0f} s grace window are left; the next attempt resumes from the periodic checkpoint at "
                 f"step {fallback or 0} and redoes {done - (fallback or 0)} steps"
             )
             log.warning("%s", self.stop_note)
@@ -255,16 +310,18 @@ class StepLoop:
                 self.step = step
                 yield step
                 done = step + 1
-                # -- runtime health: on CRITICAL checkpoint and stop for requeue (health_stop.json) --
-                if self.health is not None and self.health.check(done):
+                sick = self.health is not None and self.health.check(done)  # runtime health (health_stop.json)
+                due = done < self.total_steps and self._due(done)
+                stop, sick, due = agree(self.flag.set, sick, due)
+                if sick:  # a rank's node is CRITICAL: every rank checkpoints and stops for requeue
                     self.save(done)
+                    _barrier()
                     raise StopForRequeue(0, done, tuple(self.flag.history), reason="health")
-                # -- end runtime health --
-                if agree_stop(self.flag.set):
+                if stop:
                     resume_at = self._stop_save(done)
                     log.warning("signal %s: %s; stopping for requeue", self.flag.signum, self.stop_note)
                     raise StopForRequeue(int(self.flag.signum or 0), resume_at, tuple(self.flag.history))
-                if done < self.total_steps and self._due(done):
+                if due:
                     self.save(done, background=True)
             self.step = self.total_steps
             if self.total_steps > self.start_step or self.restored_from is None:

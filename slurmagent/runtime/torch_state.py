@@ -70,7 +70,12 @@ class ResumableBatches:
 
 
 class TorchState:
-    """Model + optimiser + scheduler + RNG + data position, for `StepLoop`."""
+    """Model + optimiser + scheduler + RNG + data position, for `StepLoop`.
+
+    In a multi-rank job each rank's own randomness — the python/numpy/torch(/CUDA) RNG
+    states and the `generators` given here (a DataLoader's or a sampler's) — is its
+    `rank_state()`: rank 0 gathers every rank's into the one checkpoint and each rank gets its
+    own back, so dropout, augmentation and sampling resume exactly, on any nodes."""
 
     def __init__(
         self,
@@ -79,12 +84,14 @@ class TorchState:
         scheduler: Any | None = None,
         data: ResumableBatches | None = None,
         extra: dict[str, Any] | None = None,
+        generators: dict[str, torch.Generator] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.data = data
         self.extra = extra if extra is not None else {}
+        self.generators = generators if generators is not None else {}
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -93,8 +100,19 @@ class TorchState:
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "data": self.data.state_dict() if self.data is not None else None,
             "rng": rng_state(),
+            "generators": {k: g.get_state() for k, g in self.generators.items()},
             "extra": dict(self.extra),
         }
+
+    def rank_state(self) -> dict[str, Any]:
+        """What differs between ranks: RNG states and the named generators."""
+        return {"rng": rng_state(), "generators": {k: g.get_state() for k, g in self.generators.items()}}
+
+    def load_rank_state(self, state: dict[str, Any]) -> None:
+        set_rng_state(state["rng"])
+        for name, g in self.generators.items():
+            if name in state.get("generators", {}):
+                g.set_state(state["generators"][name])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
@@ -105,6 +123,9 @@ class TorchState:
         if self.data is not None and state.get("data") is not None:
             self.data.load_state_dict(state["data"])
         set_rng_state(state["rng"])
+        for name, g in self.generators.items():
+            if name in state.get("generators", {}):
+                g.set_state(state["generators"][name])
         self.extra.clear()
         self.extra.update(state.get("extra", {}))
 
