@@ -95,3 +95,19 @@ def test_your_own_code_runs_as_the_readme_shows(tmp_path: Path) -> None:
     # the job's checkpoint.every_steps (the experiment file's) is the loop's: 1000 steps, every 100, keep 3
     manifest = json.loads((sweep / "0" / "checkpoints" / "manifest.json").read_text())
     assert [e["step"] for e in manifest["checkpoints"]] == [800, 900, 1000]
+
+
+def test_every_other_python_block_runs(tmp_path: Path) -> None:
+    """The README's smaller snippets (the multi-node rendezvous) run as written, here as a
+    one-process group."""
+    env = local_env(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1")
+    for code in blocks("python"):
+        proc = subprocess.run(
+            [sys.executable, "-c", code + "\nimport torch.distributed as dist\ndist.destroy_process_group()\n"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, f"{code}\n{proc.stderr}"

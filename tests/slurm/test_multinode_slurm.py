@@ -1,6 +1,8 @@
-"""Multi-node exact resume on the real cluster: a 2-node torch.distributed (gloo) job,
-preempted by a high-priority job, stops on every rank at the same step, rank 0 writes the
-checkpoint, and the requeued job ends with the same parameters as a run never stopped."""
+"""Multi-node exact resume on the real cluster: a 2-node torch.distributed (gloo) job whose
+ranks each draw their own random numbers (dropout, input noise), preempted by a
+high-priority job, stops on every rank at the same step, rank 0 writes the checkpoint with
+every rank's RNG state, and the requeued job ends with the same parameters as a run never
+stopped — on the same pair of nodes, or on another pair."""
 
 from __future__ import annotations
 
@@ -89,3 +91,51 @@ def test_two_node_gloo_job_preempted_resumes_exactly(slurm_conf: str, tmp_path: 
         check=True,
     ).stdout.split()
     assert any(h.startswith("PREEMPTED|cpu-[1-2]") for h in history), history
+
+
+def test_two_node_gloo_job_resumes_exactly_on_another_pair_of_nodes(slurm_conf: str, tmp_path: Path) -> None:
+    ref = sweep(tmp_path, "ref", "resources.partition=gpu", "+resources.extra.nodelist='t4-[1-2]'")
+    pre = sweep(
+        tmp_path, "pre", "ddp.step_delay_s=0.05", "resources.partition=low", "+resources.extra.nodelist='cpu-[1-2]'"
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pre" / "sweep.json").exists() and time.monotonic() < deadline:
+            assert pre.poll() is None, pre.communicate()[1]
+            time.sleep(0.2)
+        job_id = task(tmp_path, "pre")["attempts"][0]["job_id"]
+        metrics = tmp_path / "pre" / "0" / "metrics.jsonl"
+        while time.monotonic() < deadline:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 130:
+                break
+            time.sleep(0.2)
+        subprocess.run(
+            ["sbatch", "-p", "high", "-w", "cpu-1", "--exclusive", "--time=2", "-o", "/dev/null", "--wrap", "sleep 1"],
+            check=True,
+            capture_output=True,
+        )
+        while squeue_state(job_id) != "PENDING" and time.monotonic() < deadline + 60:
+            time.sleep(0.2)
+        # the requeued job is sent to another pair of nodes (as an administrator or a recovery would)
+        subprocess.run(
+            ["scontrol", "update", f"JobId={job_id}", "ReqNodeList=a100-1,t4-2", "ExcNodeList=cpu-[1-2]"],
+            check=True,
+            capture_output=True,
+        )
+        _, err = pre.communicate(timeout=300)
+        assert pre.returncode == 0, err
+        _, err = ref.communicate(timeout=120)
+        assert ref.returncode == 0, err
+    finally:
+        pre.kill()
+        ref.kill()
+    got, want = task(tmp_path, "pre")["result"], task(tmp_path, "ref")["result"]
+    assert got["attempt"] == 2 and got["resumed_from"] is not None and got["resumed_from"] >= 130
+    assert got["state_hash"] == want["state_hash"]  # bit-identical, on other nodes
+    history = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State,NodeList"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert history[0].startswith("PREEMPTED|cpu-[1-2]") and history[-1] == "COMPLETED|a100-1,t4-2", history
