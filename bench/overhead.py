@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -52,13 +51,17 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from preempt_goodput import analyse as goodput_analyse  # noqa: E402
+from preempt_goodput import expected_digest, instances  # noqa: E402
+
 PLUGIN = "hydra_plugins.slurmagent_launcher.launcher"
 COUNTED_PACKAGES = ("slurmagent", "torch", "submitit", "rich")
 SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "sinfo", "scancel", "srun", "sstat")
@@ -345,32 +348,8 @@ def measure_sweep(py: str, tasks: int, observe_s: float, run_no: int) -> dict[st
 
 
 # ----------------------------------------------------------------------------- e. requeue
-# Per-restart analysis as bench/preempt_goodput.py does it (Instance, instances, analyse),
-# kept here so that before and after are measured by the same code.
-@dataclass
-class Instance:
-    """One run of the job (a sacct --duplicates row)."""
-
-    start: float
-    end: float
-    state: str
-
-
-def slurm_time(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()  # the cluster's local time, as time.time()
-
-
-def instances(job_id: str) -> list[Instance]:
-    out = run(["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "Start,End,State"]).stdout
-    rows = []
-    for line in out.splitlines():
-        start, end, state = line.split("|")
-        if start in ("Unknown", "None") or end in ("Unknown", "None"):
-            continue
-        rows.append(Instance(slurm_time(start), slurm_time(end), state.split()[0]))
-    return sorted(rows, key=lambda i: i.start)
-
-
+# Per-restart analysis: bench/preempt_goodput.py's own (Instance, instances, analyse), so the
+# two benchmarks define "setup + restore" the same way.
 def read_timeline(path: Path) -> list[tuple[int, int, float]]:
     """(attempt, step, end time) per step, in the order written."""
     rows = []
@@ -400,48 +379,6 @@ def submitit_starts(folder: Path, job_id: str) -> set[float]:
                 stamp = line[len("submitit INFO (") :].split(")")[0]
                 starts.add(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp())
     return starts
-
-
-def analyse(
-    inst: list[Instance], timeline: list[tuple[int, int, float]], step_s: float, starts: list[float]
-) -> list[dict[str, Any]]:
-    """Per restart: the figures of bench/preempt_goodput.py's analyse()."""
-    attempts: dict[int, list[tuple[int, float]]] = {}
-    for attempt, step, t in timeline:
-        attempts.setdefault(attempt, []).append((step, t))
-    ordered = sorted(attempts.values(), key=lambda rows: rows[0][1])
-
-    def instance_of(t: float) -> Instance:
-        return min(inst, key=lambda i: 0.0 if i.start - 1 <= t <= i.end + 1 else min(abs(t - i.start), abs(t - i.end)))
-
-    per: list[dict[str, Any]] = []
-    done_before = -1
-    for k, rows in enumerate(ordered):
-        if k:
-            prev, cur = ordered[k - 1], rows
-            ended, started = instance_of(prev[-1][1]), instance_of(cur[0][1])
-            proc = [t for t in starts if started.start - 1 <= t <= cur[0][1]]
-            per.append(
-                {
-                    "launch_s": proc[0] - started.start if proc else float("nan"),
-                    "setup_restore_s": cur[0][1] - step_s - proc[0] if proc else float("nan"),
-                    "stop_s": ended.end - prev[-1][1],
-                    "start_s": cur[0][1] - step_s - started.start,
-                    "queue_s": started.start - ended.end,
-                    "redone_steps": sum(1 for step, _ in cur if step <= done_before),
-                    "resumed_at_step": cur[0][0],
-                    "stopped_after_step": prev[-1][0],
-                }
-            )
-        done_before = max(done_before, max(step for step, _ in rows))
-    return per
-
-
-def expected_digest(steps: int) -> str:
-    digest = hashlib.sha256(b"start").hexdigest()
-    for step in range(steps):
-        digest = hashlib.sha256(f"{digest}:{step}".encode()).hexdigest()
-    return digest
 
 
 def measure_requeue(
@@ -523,7 +460,7 @@ def measure_requeue(
             starts |= submitit_starts(sweep, job)
         inst = [i for job in job_ids for i in instances(job)]
         timeline = read_timeline(metrics)
-        per = analyse(sorted(inst, key=lambda i: i.start), timeline, step_s, sorted(starts))
+        per = goodput_analyse(sorted(inst, key=lambda i: i.start), timeline, step_s, sorted(starts))["per_preemption"]
         task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
         result = task.get("result") or {}
         launch = [p["launch_s"] for p in per if p["launch_s"] == p["launch_s"]]

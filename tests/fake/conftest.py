@@ -75,3 +75,22 @@ def wait_steps(sweep: Path, at_least: int, timeout: float = 60) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"fewer than {at_least} steps after {timeout:.0f}s")
         time.sleep(0.05)
+
+
+def running(fake: FakeSlurm, cwd: Path, *args: str, steps: int = 0) -> tuple[subprocess.Popen[str], Path, str]:
+    """A sweep launched in the background into cwd/sweep, once its first task's job runs (and
+    has done `steps` steps): (the launcher, the sweep directory, that job's id)."""
+    sweep = cwd / "sweep"
+    launcher = start(fake, cwd, *args, f"hydra.sweep.dir={sweep}")
+    job = first_job_id(sweep)
+    fake.wait(job, ("RUNNING",))
+    if steps:
+        wait_steps(sweep, steps)
+    return launcher, sweep, job
+
+
+def finish(launcher: subprocess.Popen[str], timeout: float = 180) -> str:
+    """Wait for the launcher; it must succeed. Its stderr."""
+    _, err = launcher.communicate(timeout=timeout)
+    assert launcher.returncode == 0, err
+    return err

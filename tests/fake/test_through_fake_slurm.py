@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from slurmagent.slurm.fake import FakeSlurm
-from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state, wait_steps
+from tests.fake.conftest import finish, first_job_id, running, slurmagent, start, sweep_state
 
 SYNTHETIC = ("+experiment=synthetic", "cluster=slurm", "hydra.launcher.poll_interval_s=0.3")
 
@@ -64,8 +64,7 @@ def test_bad_partition_is_refused_before_anything_is_submitted(fake: FakeSlurm, 
 
 
 def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    launcher = start(
+    launcher, sweep, job = running(
         fake,
         tmp_path,
         *SYNTHETIC,
@@ -73,14 +72,10 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
         "synthetic.steps=80",
         "synthetic.step_time_s=0.05",
         "checkpoint.every_steps=5",
-        f"hydra.sweep.dir={sweep}",
+        steps=12,
     )
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
-    wait_steps(sweep, 12)
     fake.fail(job, "OUT_OF_MEMORY")  # the cgroup's OOM kill, with slurmstepd's line in stderr
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, err
+    finish(launcher)
     state = sweep_state(sweep)
     (task,) = state["tasks"]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
@@ -94,8 +89,7 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
 
 
 def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    launcher = start(
+    launcher, sweep, job = running(
         fake,
         tmp_path,
         *SYNTHETIC,
@@ -103,14 +97,10 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
         "synthetic.steps=80",
         "synthetic.step_time_s=0.05",
         "checkpoint.every_steps=1000",
-        f"hydra.sweep.dir={sweep}",
+        steps=10,
     )
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
-    wait_steps(sweep, 10)
     fake.preempt(job)  # SIGCONT + SIGTERM + USR2 to the step; Slurm requeues it (PreemptMode=REQUEUE)
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, err
+    finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1  # not a new attempt
     result = task["result"]
@@ -123,8 +113,7 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
 
 
 def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: FakeSlurm, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    launcher = start(
+    launcher, sweep, job = running(
         fake,
         tmp_path,
         *SYNTHETIC,
@@ -133,14 +122,10 @@ def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: 
         "synthetic.step_time_s=0.05",
         "checkpoint.every_steps=1000",
         "resources.time=00:01:30",  # the warning comes with 1:30 - 0:30 left: within its lead + slack
-        f"hydra.sweep.dir={sweep}",
+        steps=10,
     )
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
-    wait_steps(sweep, 10)
     fake.warn(job)  # Slurm's --signal=USR2@60 before the time limit
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, err
+    finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert task["result"]["digest"] == digest(80) and task["attempts"][0]["restarts"] == 1
     records = audit(sweep)
@@ -155,12 +140,7 @@ def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: 
 
 def test_recovery_waits_while_paused_and_runs_after_resume(fake: FakeSlurm, tmp_path: Path) -> None:
     """The kill switch holds the supervisor's resubmission; `slurmagent resume` lets it run."""
-    sweep = tmp_path / "sweep"
-    launcher = start(
-        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
-    )
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
+    launcher, sweep, job = running(fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05")
     assert slurmagent(fake, tmp_path, "pause", "--sweep", str(sweep)).returncode == 0
     fake.fail(job, "OUT_OF_MEMORY")
     deadline = time.monotonic() + 60
@@ -169,8 +149,7 @@ def test_recovery_waits_while_paused_and_runs_after_resume(fake: FakeSlurm, tmp_
         time.sleep(0.1)
     assert len(sweep_state(sweep)["tasks"][0]["attempts"]) == 1  # nothing ran while paused
     assert slurmagent(fake, tmp_path, "resume", "--sweep", str(sweep)).returncode == 0
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, err
+    finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2
 
@@ -198,18 +177,14 @@ def test_a_stop_signal_before_the_runtime_is_ready_is_held_not_fatal(fake: FakeS
     """Slurm may signal a job during its first second (the time-limit warning can come a
     minute early). The job process blocks the stop signals from its first line (job/boot.py)
     and the runtime takes them when it is ready: the job stops cleanly and requeues itself."""
-    sweep = tmp_path / "sweep"
-    launcher = start(fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=40", f"hydra.sweep.dir={sweep}")
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
+    launcher, sweep, job = running(fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=40")
     log = sweep / ".submitit" / f"{job}_0_log.out"
     deadline = time.monotonic() + 60
     while "Starting with JobEnvironment" not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     fake.warn(job)  # USR2 while submitit is still loading the task: no handler of ours yet
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, err
+    finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert task["state"] == "COMPLETED" and task["result"]["digest"] == digest(40)
     assert task["attempts"][0]["restarts"] == 1  # it requeued itself once, through the gate
@@ -220,16 +195,11 @@ def test_a_requeued_preemption_is_never_a_failure_even_while_accounting_lags(tmp
     """Accounting shows PREEMPTED for a while before the requeued run: the supervisor asks the
     controller, sees the job waiting again, and neither fails nor resubmits the task."""
     fake = FakeSlurm(tmp_path / "fake-slurm", kill_wait_s=3.0, accounting_lag_s=4.0)
-    sweep = tmp_path / "sweep"
-    launcher = start(
-        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
+    launcher, sweep, job = running(
+        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", steps=10
     )
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
-    wait_steps(sweep, 10)
     fake.preempt(job)
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, err
+    err = finish(launcher)
     assert "FAILED" not in err and "resubmitted" not in err
     (task,) = sweep_state(sweep)["tasks"]
     assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1
@@ -239,16 +209,11 @@ def test_a_requeued_preemption_is_never_a_failure_even_while_accounting_lags(tmp
 
 def test_a_preemption_that_cancels_the_job_is_recovered(fake: FakeSlurm, tmp_path: Path) -> None:
     """PreemptMode=CANCEL: the job ends PREEMPTED; the supervisor resubmits the task."""
-    sweep = tmp_path / "sweep"
-    launcher = start(
-        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", f"hydra.sweep.dir={sweep}"
+    launcher, sweep, job = running(
+        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=80", "synthetic.step_time_s=0.05", steps=10
     )
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
-    wait_steps(sweep, 10)
     fake.preempt(job, requeue=False)
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode == 0, err
+    finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert [a["state"] for a in task["attempts"]] == ["PREEMPTED", "COMPLETED"]
     assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10
