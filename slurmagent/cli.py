@@ -49,9 +49,11 @@ def _hydra(argv: list[str]) -> int:
         main()
     except SlurmAgentError as exc:
         print(f"slurmagent: error: {exc}", file=sys.stderr)
-        from slurmagent.errors import ConfigError, SlurmUnavailableError
+        from slurmagent.errors import ConfigError, SlurmUnavailableError, SubmissionRefused, SweepRefusedError
 
-        return EXIT_BAD_INPUT if isinstance(exc, (ConfigError, SlurmUnavailableError)) else EXIT_FAILED
+        # refused: Slurm said no to the request itself
+        bad_input = (ConfigError, SlurmUnavailableError, SubmissionRefused, SweepRefusedError)
+        return EXIT_BAD_INPUT if isinstance(exc, bad_input) else EXIT_FAILED
     except (HydraException, OmegaConfBaseException) as exc:
         print(f"slurmagent: error: {config_error(exc) or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -105,13 +107,13 @@ def hoist_flags(argv: list[str]) -> list[str]:
 # -- subcommands --------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
 
-    from slurmagent.launch.backend import SubmititResubmitter
+    from slurmagent.launch.backend import SubmititSubmitter
     from slurmagent.supervise.state import SweepStore
     from slurmagent.supervise.supervisor import Supervisor
     from slurmagent.supervise.views import health_note, runs, sweep_table, terminal
 
     if args.refresh:
-        Supervisor(args.sweep_dir, resubmit=SubmititResubmitter()).poll_once()
+        Supervisor(args.sweep_dir, submit=SubmititSubmitter()).poll_once()
     state = SweepStore(args.sweep_dir).load()
     if args.json:
         out = {
@@ -143,11 +145,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
 
-    from slurmagent.launch.backend import SubmititResubmitter
+    from slurmagent.launch.backend import SubmititSubmitter
     from slurmagent.supervise.supervisor import Supervisor
     from slurmagent.supervise.views import sweep_table, terminal
 
-    sup = Supervisor(args.sweep_dir, poll_interval_s=args.interval, resubmit=SubmititResubmitter())
+    sup = Supervisor(args.sweep_dir, poll_interval_s=args.interval, submit=SubmititSubmitter())
     state = sup.wait(timeout_s=args.timeout)
     terminal().print(sweep_table(state))
     if not state.done:

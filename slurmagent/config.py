@@ -135,6 +135,9 @@ class LauncherConf:
     max_array_size: int = 0  # split arrays above this many tasks; 0 = read MaxArraySize from Slurm
     poll_interval_s: float = 2.0  # seconds between status queries while supervising (grows when idle)
     max_poll_interval_s: float = 30.0  # back-off ceiling for the poll interval
+    # when Slurm refuses part of a sweep for good (exit 2 either way): leave what it accepted
+    # running and supervised to the end, or cancel it at once
+    on_refusal: str = "leave"
 
 
 @dataclass(frozen=True)
@@ -246,6 +249,15 @@ def validate_checkpoint(ck: CheckpointConf) -> None:
 
 
 SIGNAL_CHOICES = ("USR1", "USR2", "TERM", "INT", "HUP")
+ON_REFUSAL_CHOICES = ("leave", "cancel")
+
+
+def validate_launcher(conf: LauncherConf) -> None:
+    if conf.on_refusal not in ON_REFUSAL_CHOICES:
+        raise ConfigError(
+            f"hydra.launcher.on_refusal={conf.on_refusal!r} is not one of {choices(ON_REFUSAL_CHOICES)}; "
+            "nothing was submitted"
+        )
 
 
 def validate_recovery(rc: RecoveryConf) -> None:

@@ -28,6 +28,20 @@ class SlurmCommandError(SlurmAgentError, RuntimeError):
         super().__init__(f"{' '.join(argv)} exited {returncode}: {stderr.strip()}")
 
 
+class SubmissionRefused(SlurmCommandError):
+    """sbatch refused a job. `kind`: "limit" (a submit limit or the cluster's job count: it
+    fits later, as earlier jobs end), "transient" (the controller did not answer, after
+    retries) or "permanent" (the request itself is refused: fix it)."""
+
+    def __init__(self, argv: list[str], returncode: int, stderr: str, kind: str) -> None:
+        super().__init__(argv, returncode, stderr)
+        self.kind = kind
+
+
+class SweepRefusedError(SlurmAgentError, RuntimeError):
+    """Slurm refused part of a sweep for good (the command exits 2, like bad input)."""
+
+
 class SlurmUnavailableError(SlurmAgentError, RuntimeError):
     """Slurm's commands are missing or its controller does not answer."""
 

@@ -48,8 +48,11 @@ def resolve_backend(choice: str, slurm: SlurmCLI) -> str:
     return "local"
 
 
-def slurm_parameters(spec: JobSpec, launcher: LauncherConf, array_size: int, job_name: str) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for one array of tasks sharing `spec`."""
+def slurm_parameters(
+    spec: JobSpec, launcher: LauncherConf, array_size: int, job_name: str, comment: str = ""
+) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for one array of tasks sharing `spec`; `comment`
+    marks the job for finding it again (supervise/submission.py) unless the user set one."""
     params: dict[str, Any] = {"job_name": job_name}
     additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
     for flag, value in sbatch_flags(spec.resources).items():
@@ -62,25 +65,31 @@ def slurm_parameters(spec: JobSpec, launcher: LauncherConf, array_size: int, job
             additional[flag] = value
     # job steps (srun) get the signal: submitit runs the task under srun
     additional["signal"] = f"{spec.recovery.signal}@{spec.recovery.signal_delay_s}"
+    if comment and "comment" not in additional:
+        additional["comment"] = comment
     params["array_parallelism"] = launcher.array_parallelism or array_size
     params["additional_parameters"] = additional
     return params
 
 
-class SubmititResubmitter:
-    """Submits one task of a sweep again, as its next attempt, with an adjusted spec: what
-    the supervisor's recovery calls (supervise/recover.py's `Resubmitter`)."""
+class SubmititSubmitter:
+    """Sends tasks of a sweep to the backend as one submitit job or array: what
+    supervise/submission.py calls (its `Submitter`), for first submissions and resubmissions."""
 
     def __init__(self, slurm: SlurmCLI | None = None) -> None:
         self.slurm = slurm or SlurmCLI()
 
-    def __call__(self, state: SweepState, task: TaskRecord, spec: JobSpec, attempt: int) -> str:
+    def __call__(
+        self, state: SweepState, tasks: list[TaskRecord], spec: JobSpec, attempt: int, comment: str
+    ) -> list[str]:
         conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
         folder = Path(state.submitit_folder)
-        executor = make_executor(state.backend, folder, spec, conf, 1, state.job_name, self.slurm)
+        executor = make_executor(state.backend, folder, spec, conf, len(tasks), state.job_name, self.slurm, comment)
         runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
-        payload = TaskPayload(task.index, tuple(task.overrides), attempt=attempt, resources=asdict(spec.resources))
-        return str(executor.submit(runner, payload).job_id)
+        # a resubmission carries its adjusted resources, so the job's config says what it got
+        resources = asdict(spec.resources) if attempt > 1 else None
+        payloads = [TaskPayload(t.index, tuple(t.overrides), attempt=attempt, resources=resources) for t in tasks]
+        return [str(job.job_id) for job in executor.map_array(runner, payloads)]
 
 
 class SeamSlurmExecutor(submitit.SlurmExecutor):
@@ -103,7 +112,11 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
         staging.mkdir(parents=True, exist_ok=True)
         script = staging / f".submission_file_{uid}.sh"
         script.write_text(self._make_submission_file_text(command, uid))
-        job_id = self.slurm.submit(script)
+        try:
+            job_id = self.slurm.submit(script)
+        except BaseException:
+            script.unlink(missing_ok=True)
+            raise
         job: submitit.Job[Any] = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
         job.paths.move_temporary_file(script, "submission_file", keep_as_symlink=True)
         self._write_job_id(job.job_id, uid)
@@ -125,6 +138,10 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
         self.parameters["map_count"] = len(delayed)
         try:
             first = self._submit_command(self._submitit_command_str)
+        except BaseException:
+            for path in pickles:  # refused: nothing of it stays behind
+                path.unlink(missing_ok=True)
+            raise
         finally:
             del self.parameters["map_count"]
         tasks = list(range(first.num_tasks))
@@ -144,10 +161,11 @@ def make_executor(
     array_size: int,
     job_name: str,
     slurm: SlurmCLI | None = None,
+    comment: str = "",
 ) -> submitit.Executor:
     if backend == "slurm":
         slurm_ex = SeamSlurmExecutor(folder, slurm or SlurmCLI(), max_num_timeout=spec.recovery.max_attempts)
-        slurm_ex.update_parameters(**slurm_parameters(spec, launcher, array_size, job_name))
+        slurm_ex.update_parameters(**slurm_parameters(spec, launcher, array_size, job_name, comment))
         return slurm_ex
     local = submitit.LocalExecutor(folder=folder)
     local.update_parameters(

@@ -35,17 +35,19 @@ from slurmagent.config import (
     site_conf,
     spec_dict,
     spec_key,
+    validate_launcher,
 )
-from slurmagent.errors import ConfigError, TaskFailedError
-from slurmagent.job.runner import SweepRunner, TaskPayload, write_context
+from slurmagent.errors import ConfigError, SweepRefusedError, TaskFailedError
+from slurmagent.job.runner import write_context
 from slurmagent.job.task import run_task
-from slurmagent.launch.backend import SubmititResubmitter, make_executor, resolve_backend
+from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
 from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.safety.policy import resolve_policy
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name
 from slurmagent.slurm.seam import SlurmCLI
-from slurmagent.supervise.state import Attempt, SweepState, SweepStore, TaskRecord
+from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
+from slurmagent.supervise.submission import WAITING, submit_waiting
 from slurmagent.supervise.supervisor import Supervisor
 from slurmagent.supervise.views import sweep_table, terminal
 
@@ -71,10 +73,6 @@ def check_importable(target: str) -> None:
         f"{os.getcwd()} with PYTHONPATH={path or '(unset)'}: run from the directory that holds {module}.py (or "
         "its package), add that directory to PYTHONPATH, or pip install your project; nothing was submitted"
     )
-
-
-def chunks(items: list[Any], size: int) -> list[list[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class ArrayLauncher:
@@ -120,6 +118,7 @@ class ArrayLauncher:
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         console = terminal(stderr=True)
         conf = parse_conf(LauncherConf, {k: v for k, v in self.params.items()}, "hydra.launcher")
+        validate_launcher(conf)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
 
         specs = self._specs(job_overrides)
@@ -170,36 +169,22 @@ class ArrayLauncher:
             config.hydra.sweep.dir = str(sweep_dir)
         ctx_path = sweep_dir / ".slurmagent" / f"context-{initial_job_idx}.pkl"
         write_context(ctx_path, self.hydra_context, self.task_function, config, Singleton.get_state())
-        runner = SweepRunner(str(ctx_path), backend, str(sweep_dir))
-
-        groups: dict[str, tuple[JobSpec, list[TaskPayload]]] = {}
-        for i, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=True)):
-            groups.setdefault(spec_key(spec), (spec, []))[1].append(TaskPayload(initial_job_idx + i, tuple(overrides)))
-        t0 = time.monotonic()
-        records: list[TaskRecord] = []
-        array_ids: list[str] = []
         name = self._job_name()
-        for spec, payloads in groups.values():
-            for part in chunks(payloads, max_array):
-                executor = make_executor(backend, folder, spec, conf, len(part), name, self.slurm)
-                jobs = executor.map_array(runner, part)
-                now = time.time()
-                key = spec_key(spec)  # replaced by the sweep's own spec id below
-                for payload, job in zip(part, jobs, strict=True):
-                    records.append(
-                        TaskRecord(payload.index, list(payload.overrides), [Attempt(str(job.job_id), now)], spec_id=key)
-                    )
-                if backend == "slurm" and jobs:
-                    array_ids.append(str(jobs[0].job_id).split("_")[0])
-        records.sort(key=lambda r: r.index)
+        records = [
+            TaskRecord(initial_job_idx + i, list(overrides), state=WAITING, spec_id=spec_key(spec))
+            for i, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=True))
+        ]
+        distinct = {spec_key(s): s for s in specs}
 
         def add(state: SweepState) -> None:
-            ids = {key: state.add_spec(dataclasses.asdict(spec)) for key, (spec, _) in groups.items()}
+            ids = {key: state.add_spec(dataclasses.asdict(spec)) for key, spec in distinct.items()}
             for r in records:
                 r.spec_id = ids[r.spec_id]
             state.tasks.extend(records)
-            state.array_ids.extend(array_ids)
+            state.max_array = max_array
 
+        # every task is in sweep.json before anything is submitted; each submission is
+        # recorded before its sbatch and after it (supervise/submission.py)
         store = SweepStore(sweep_dir)
         if store.exists():  # a later batch of the same sweep (e.g. an adaptive sweeper)
             with store.edit() as existing:
@@ -210,14 +195,29 @@ class ArrayLauncher:
             new.launcher, new.job_name, new.site = dataclasses.asdict(conf), name, dataclasses.asdict(site)
             add(new)
             store.create(new)
-        console.print(
-            f"[slurmagent] {len(records)} task(s) submitted to {backend} as {len(array_ids) or len(records)} "
-            f"{'array(s) ' + ', '.join(array_ids) if array_ids else 'local process(es)'} in "
-            f"{time.monotonic() - t0:.2f}s; sweep dir {sweep_dir}\n"
-            f"[slurmagent] if this launcher dies: slurmagent watch {sweep_dir}",
-            markup=False,
-            highlight=False,
-        )
+        t0 = time.monotonic()
+        submitter = SubmititSubmitter(self.slurm)
+        with store.edit() as state:
+            report = submit_waiting(
+                state, lambda: store.write(state), submitter, self.slurm if backend == "slurm" else None, max_array
+            )
+        arrays = f"array(s) {', '.join(report.arrays)}" if backend == "slurm" else "local process(es)"
+        lines = [
+            f"{report.submitted} task(s) submitted to {backend} as {len(report.arrays)} {arrays} in "
+            f"{time.monotonic() - t0:.2f}s; sweep dir {sweep_dir}"
+        ]
+        if report.waiting:
+            lines.append(f"{report.waiting} task(s) wait: {report.held_back}; they are submitted as earlier ones end")
+        if report.refused:
+            lines.append(f"Slurm refused {report.refused_tasks} task(s): {report.refused}")
+        lines.append(f"if this launcher dies: slurmagent watch {sweep_dir}")
+        console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
+        if report.refused and conf.on_refusal == "cancel":
+            self._cancel_submitted(store)
+            raise SweepRefusedError(
+                f"Slurm refused {report.refused_tasks} task(s): {report.refused}; the jobs it had accepted were "
+                "cancelled (hydra.launcher.on_refusal=cancel)"
+            )
 
         # -- step 3: supervise ---------------------------------------------------------
         sup = Supervisor(
@@ -226,12 +226,26 @@ class ArrayLauncher:
             conf.poll_interval_s,
             conf.max_poll_interval_s,
             console,
-            resubmit=SubmititResubmitter(self.slurm),
+            submit=submitter,
         )
         state = sup.wait()
         console.print(sweep_table(state))
+        if report.refused:  # on_refusal=leave: what was accepted ran to its end; the sweep still failed
+            raise SweepRefusedError(
+                f"Slurm refused {report.refused_tasks} task(s): {report.refused}; the tasks it accepted were "
+                "supervised to the end (hydra.launcher.on_refusal=leave)"
+            )
         mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
         return [self._job_return(task, sup.results.get(task.index)) for task in state.tasks if task.index in mine]
+
+    def _cancel_submitted(self, store: SweepStore) -> None:
+        """on_refusal=cancel: cancel every job of the sweep submitted so far (only sbatch refuses)."""
+        why = "CANCELLED: hydra.launcher.on_refusal=cancel after Slurm refused part of the sweep"
+        with store.edit() as state:
+            self.slurm.cancel({t.job_id.split("_")[0] for t in state.tasks if t.job_id and not t.done})
+            for t in state.tasks:
+                if not t.done:
+                    t.state, t.error = "CANCELLED", why
 
     def _job_name(self) -> str:
         """What squeue and sacct show: the experiment (+experiment=NAME), else the app's name."""

@@ -50,7 +50,7 @@ from slurmagent.slurm.syntax import (
 __all__ = ["FAKE_COMMANDS", "FakeNode", "FakeSlurm", "default_nodes"]
 
 ENV_ROOT = "SLURMAGENT_FAKE_SLURM"  # the state directory, for the command shims
-FAKE_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun")
+FAKE_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr")
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
 _WRAPPERS: list[subprocess.Popen[bytes]] = []  # wrappers this process started
 MIN_JOB_AGE_S = 300.0  # squeue still shows an ended job this long (Slurm's MinJobAge)
@@ -102,6 +102,7 @@ class _Job:
     user_signal: tuple[str, int] | None = None  # (name, seconds before the limit); B: dropped
     requeue: bool = False
     throttle: int = 0  # the array's %N: at most N of its tasks running at once (0 = no limit)
+    comment: str = ""  # --comment
     state: str = "PENDING"
     reason: str = "None"
     exit_code: str = "0:0"
@@ -133,6 +134,7 @@ class FakeSlurm:
         python: str = sys.executable,
         requeue_delay_s: float = 0.5,
         accounting_lag_s: float = 0.0,
+        max_submit_jobs: int | None = None,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -162,6 +164,8 @@ class FakeSlurm:
                     # sacct shows a requeued job's new run only this long after the requeue (slurmdbd lags)
                     "accounting_lag_s": accounting_lag_s,
                     "controller_up": True,
+                    "max_submit_jobs": max_submit_jobs,  # the user's MaxSubmitJobs (sacctmgr); None = none
+                    "refuse_sbatch": [],  # messages the next sbatch calls fail with, one each
                     "dying": {},  # "<job>#<run>" → when its processes get SIGKILL
                 }
             )
@@ -227,6 +231,7 @@ class FakeSlurm:
         """Answer one Slurm command: (exit code, stdout, stderr)."""
         cmd, args = argv[0], argv[1:]
         handler = {
+            "sacctmgr": self._sacctmgr,
             "sbatch": self._sbatch,
             "squeue": self._squeue,
             "sacct": self._sacct,
@@ -411,6 +416,15 @@ class FakeSlurm:
         lines = path.read_text().splitlines() if path.exists() else []
         return [list(json.loads(line)["argv"]) for line in lines]
 
+    def limit_refusals(self) -> list[dict[str, Any]]:
+        """The sbatch calls refused for the submit limit (MaxSubmitJobs), oldest first."""
+        path = self.root / "refusals.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def max_queued(self) -> int:
+        """The most jobs (array tasks each) pending or running at once, as sbatch admitted them."""
+        return int(self._load().get("max_queued", 0))
+
     def jobs(self) -> dict[str, dict[str, Any]]:
         return dict(self._load()["jobs"])
 
@@ -442,8 +456,30 @@ class FakeSlurm:
                     out.extend(j for j, r in st["jobs"].items() if r["array"] == jid)
         return out
 
+    def refuse_sbatch(self, *messages: str) -> None:
+        """The next sbatch calls fail, one with each message (as sbatch prints them)."""
+        with self._edit() as st:
+            st["refuse_sbatch"].extend(messages)
+
+    def set_submit_limit(self, jobs: int | None) -> None:
+        """The user's MaxSubmitJobs, as `sacctmgr modify user … set MaxSubmitJobs=N` sets it."""
+        with self._edit() as st:
+            st["max_submit_jobs"] = jobs
+
+    def _sacctmgr(self, args: list[str], cwd: str) -> tuple[int, str, str]:
+        with self._lock:
+            limit = self._load().get("max_submit_jobs")
+        if "assoc" in args:  # MaxSubmitJobs|DefaultQOS
+            return 0, f"{'' if limit is None else limit}|\n", ""
+        return 0, "\n", ""  # qos: no per-user limit
+
     def _sbatch(self, args: list[str], cwd: str) -> tuple[int, str, str]:
         parsable = "--parsable" in args
+        with self._edit() as st:
+            refusals = st["refuse_sbatch"]
+            refusal = refusals.pop(0) if refusals else None
+        if refusal:
+            return 1, "", f"sbatch: error: {refusal}\n"
         paths = [a for a in args if not a.startswith("-")]
         if not paths:
             raise _Refused("no batch script given")
@@ -459,8 +495,19 @@ class FakeSlurm:
                 raise _Refused(
                     "Batch job submission failed: Requested time limit is invalid (missing or exceeds some limit)"
                 )
-            base = st["next_id"]
             indices = _array_indices(opts.get("array"))
+            limit = st.get("max_submit_jobs")
+            queued = sum(1 for j in st["jobs"].values() if j["state"] in ("PENDING", "RUNNING"))
+            if limit is not None and queued + len(indices or [0]) > limit:
+                message = (
+                    "Batch job submission failed: Job violates accounting/QOS policy "
+                    "(job submit limit, user's size and/or time limits)"
+                )
+                with open(self.root / "refusals.jsonl", "a") as log:
+                    log.write(json.dumps({"time": time.time(), "queued": queued, "message": message}) + "\n")
+                raise _Refused(message)
+            st["max_queued"] = max(int(st.get("max_queued", 0)), queued + len(indices or [0]))
+            base = st["next_id"]
             st["next_id"] = base + 1 + len(indices or [])
             begin = _begin(opts.get("begin"))
             sig = _user_signal(opts.get("signal"))
@@ -477,6 +524,7 @@ class FakeSlurm:
                 "nodelist": opts.get("nodelist", ""),
                 "user_signal": sig,
                 "requeue": "requeue" in opts,
+                "comment": opts.get("comment", ""),
                 "throttle": int(opts["array"].split("%")[1]) if "%" in opts.get("array", "") else 0,
             }
             default_out = str(Path(cwd, "slurm-%A_%a.out" if indices is not None else "slurm-%j.out"))
@@ -513,7 +561,17 @@ class FakeSlurm:
             used = (now - job.started) if job.state == "RUNNING" and job.started else 0.0
             left = seconds_to_slurm_time(max(0, int(job.time_s - used)))
         state = job.state
-        return {"i": job.id, "T": state, "r": job.reason, "L": left, "j": job.name, "N": job.node, "P": job.partition}
+        return {
+            "i": job.id,
+            "F": job.array or job.id,
+            "T": state,
+            "r": job.reason,
+            "L": left,
+            "j": job.name,
+            "N": job.node,
+            "P": job.partition,
+            "k": job.comment,
+        }
 
     def _sacct(self, args: list[str], cwd: str) -> tuple[int, str, str]:
         wanted = _opt(args, "-j", "--jobs") or ""

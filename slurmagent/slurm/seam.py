@@ -12,13 +12,43 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
+from slurmagent.errors import SlurmCommandError, SlurmUnavailableError, SubmissionRefused
 from slurmagent.slurm.syntax import expand_array_id
 
-ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo"})
+ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr"})
+# a transient sbatch refusal is retried after each of these waits (seconds), then given up
+SUBMIT_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+# what sbatch says, by kind of refusal (22.05's messages; matched case-insensitively)
+TRANSIENT_REFUSALS = (
+    "socket timed out",
+    "unable to contact slurm controller",
+    "temporarily unable to accept",
+    "communication connection failure",
+    "zero bytes were transmitted",
+    "connection refused",
+)
+LIMIT_REFUSALS = (
+    "job submit limit",
+    "maxsubmitjobs",
+    "maxsubmitjob",
+    "submit job limit",
+    "resource temporarily unavailable",  # the cluster's MaxJobCount, or the array's own limits
+)
+
+
+def refusal_kind(stderr: str) -> str:
+    """transient | limit | permanent, from sbatch's message."""
+    text = stderr.lower()
+    if any(m in text for m in LIMIT_REFUSALS):
+        return "limit"
+    if any(m in text for m in TRANSIENT_REFUSALS):
+        return "transient"
+    return "permanent"
+
 
 Runner = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
 
@@ -60,9 +90,12 @@ TERMINAL_STATES = frozenset(
 class SlurmCLI:
     """Runs Slurm commands. `calls` counts them by command, for benchmarks and tests."""
 
-    def __init__(self, runner: Runner | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self, runner: Runner | None = None, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self._runner = runner or _default_runner
         self._timeout = timeout
+        self._sleep = sleep
         self._config: dict[str, str] | None = None
         self.calls: dict[str, int] = {}
 
@@ -178,12 +211,53 @@ class SlurmCLI:
 
     # -- actions (the gate's executors and the job's own requeue call these) ----------
     def submit(self, script: str | os.PathLike[str]) -> str:
-        """sbatch a script file; the new job id ("123", or "123" for an array: tasks are 123_N)."""
-        out = self.run(["sbatch", "--parsable", os.fspath(script)])
-        job_id = out.strip().splitlines()[-1].split(";")[0] if out.strip() else ""
-        if not job_id.isdigit():
-            raise SlurmCommandError(["sbatch", "--parsable", os.fspath(script)], 0, f"no job id in output {out!r}")
-        return job_id
+        """sbatch a script file; the new job id ("123", or "123" for an array: tasks are 123_N).
+        A refusal is a SubmissionRefused of its kind (`refusal_kind`); a transient one is
+        retried first, with back-off (SUBMIT_RETRY_S)."""
+        argv = ["sbatch", "--parsable", os.fspath(script)]
+        for wait in (*SUBMIT_RETRY_S, None):
+            try:
+                out = self.run(argv)
+            except SlurmCommandError as exc:
+                kind = refusal_kind(exc.stderr)
+                if kind == "transient" and wait is not None:
+                    self._sleep(wait)
+                    continue
+                raise SubmissionRefused(exc.argv, exc.returncode, exc.stderr, kind) from None
+            job_id = out.strip().splitlines()[-1].split(";")[0] if out.strip() else ""
+            if not job_id.isdigit():
+                raise SlurmCommandError(argv, 0, f"no job id in output {out!r}")
+            return job_id
+        raise AssertionError("unreachable")
+
+    def submit_limit(self, user: str, qos: str = "") -> int | None:
+        """The most jobs `user` may have queued and running (array tasks count one each): the
+        smaller of the user's association's MaxSubmitJobs and the MaxSubmitJobsPerUser of the
+        QOS its jobs run in (`qos`, else the association's default, else "normal"); None when
+        neither is set or accounting does not answer."""
+        try:
+            assoc = self.run(
+                ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=MaxSubmitJobs,DefaultQOS"]
+            )
+            rows = [line.split("|") for line in assoc.splitlines() if line.strip()]
+            qos = qos or next((r[1] for r in rows if len(r) > 1 and r[1]), "") or "normal"
+            per_qos = self.run(
+                ["sacctmgr", "-n", "-P", "show", "qos", "where", f"name={qos}", "format=MaxSubmitJobsPerUser"]
+            )
+        except (SlurmCommandError, SlurmUnavailableError):
+            return None
+        values = [r[0] for r in rows] + per_qos.split()
+        limits = [int(v) for v in values if v.strip().isdigit()]
+        return min(limits) if limits else None
+
+    def queued_jobs(self, user: str) -> int:
+        """How many jobs of `user` the controller holds now, pending or running (array tasks each)."""
+        return len(self.run(["squeue", "-h", "-r", "-u", user, "-o", "%i"]).split())
+
+    def jobs_with_comment(self, comment: str, user: str) -> list[str]:
+        """The ids of `user`'s jobs (arrays: their own ids) whose --comment is `comment`."""
+        out = self.run(["squeue", "-h", "-u", user, "-o", "%F|%k"])
+        return sorted({job for job, _, c in (line.partition("|") for line in out.splitlines()) if c == comment})
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted(set(job_ids))

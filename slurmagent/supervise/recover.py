@@ -9,11 +9,12 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from slurmagent.config import JobSpec, ResourcesConf, job_spec, site_conf
-from slurmagent.errors import SlurmAgentError
+from slurmagent.errors import SlurmAgentError, SubmissionRefused
 from slurmagent.files import atomic_write
 from slurmagent.records import Action, Decision, Evidence
 from slurmagent.recovery.diagnose import Diagnosis, diagnose
@@ -28,7 +29,8 @@ from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI
 from slurmagent.slurm.syntax import split_hostlist
-from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+from slurmagent.supervise.state import SweepState, TaskRecord
+from slurmagent.supervise.submission import WAITING, Submitter, close_intent, drop_intent, open_intent
 
 log = logging.getLogger(__name__)
 
@@ -72,23 +74,27 @@ HELD_FILE = ".slurmagent/held.json"  # tasks whose recovery waits for resume or 
 HISTORY_LOG_LINES = 20  # log lines kept per source in history.jsonl
 
 
-class Resubmitter(Protocol):
-    """Submits one task again as its next attempt with `spec` (its adjusted resources);
-    returns the new job id. The launcher provides it (`launch/backend.py`), so supervision
-    needs no knowledge of how jobs are built."""
-
-    def __call__(self, state: SweepState, task: TaskRecord, spec: JobSpec, attempt: int) -> str: ...
-
-
 class Recoverer:
-    def __init__(self, sweep_dir: Path, slurm: SlurmCLI, resubmit: Resubmitter | None = None) -> None:
+    """`submit` sends a resubmission (the launcher's `Submitter`: supervision needs no
+    knowledge of how jobs are built); `persist` writes the sweep state under the caller's
+    lock, so a resubmission is recorded before its sbatch (supervise/submission.py)."""
+
+    def __init__(
+        self,
+        sweep_dir: Path,
+        slurm: SlurmCLI,
+        submit: Submitter | None = None,
+        persist: Callable[[SweepState], None] | None = None,
+    ) -> None:
         self.sweep_dir = sweep_dir
         self.slurm = slurm
-        self.resubmit = resubmit
+        self.submit = submit
+        self.persist = persist or (lambda _state: None)
         self.audit = AuditLog(sweep_dir / SWEEP_AUDIT)
         self.history = sweep_dir / SWEEP_HISTORY
         self.held_path = sweep_dir / HELD_FILE
         self._cluster: ClusterInfo | None = None
+        self._limited: dict[int, JobSpec] = {}  # task → the spec a limit-refused resubmission had
         resolve_policy(sweep_dir)  # a broken policy is reported now, not at the first failure
 
     def cluster(self, state: SweepState) -> ClusterInfo | None:
@@ -156,6 +162,8 @@ class Recoverer:
         out = gate.request(action)
         if out.executed:
             self._resubmitted(state, task, spec, step, diag, out.result)
+        elif task.index in self._limited:  # allowed, but Slurm's submit limit is reached: it waits its turn
+            self._wait_for_limit(state, task, step.reason)
         self._record_history(task, seen, diag, logs, action, out.decision, step.reason)
         if out.held or out.approval_id:
             why = "the kill switch" if out.held else f"approval {out.approval_id} ({out.decision.rule})"
@@ -227,7 +235,9 @@ class Recoverer:
                 return False
             if out.executed:
                 self._resubmitted(state, task, spec, step, diag, out.result)
-            if not out.executed:
+            elif task.index in self._limited:
+                self._wait_for_limit(state, task, step.reason)
+            else:
                 why = out.result.get("error") or out.result.get("waiting") or out.result.get("state")
                 task.error = f"{task.state}: approved recovery did not run ({why})\n{task.error}"
         else:
@@ -265,12 +275,31 @@ class Recoverer:
             fh.write(json.dumps(entry, default=str) + "\n")
 
     def _submit(self, state: SweepState, task: TaskRecord, spec: JobSpec, step: Resubmit) -> dict[str, Any]:
-        """The resubmit executor: submits, changes nothing here; returns the outcome."""
-        if self.resubmit is None:
-            raise SlurmAgentError("this supervisor cannot resubmit (no resubmitter was given to it)")
+        """The resubmit executor: records the intent (persisted before the sbatch), submits,
+        returns the outcome; `_resubmitted` applies it."""
+        if self.submit is None:
+            raise SlurmAgentError("this supervisor cannot resubmit (no submitter was given to it)")
         new_spec = dataclasses.replace(spec, resources=step.resources)
-        job_id = self.resubmit(state, task, new_spec, len(task.attempts) + 1)
-        return {"job_id": job_id, "resources": dataclasses.asdict(step.resources)}
+        attempt = len(task.attempts) + 1
+        intent = open_intent(state, [task], attempt)
+        self.persist(state)
+        try:
+            ids = self.submit(state, [task], new_spec, attempt, str(intent["marker"]))
+        except BaseException as exc:
+            drop_intent(state, intent)
+            self.persist(state)
+            if isinstance(exc, SubmissionRefused) and exc.kind == "limit":
+                self._limited[task.index] = new_spec
+            raise
+        return {"job_id": ids[0], "resources": dataclasses.asdict(step.resources), "marker": intent["marker"]}
+
+    def _wait_for_limit(self, state: SweepState, task: TaskRecord, reason: str) -> None:
+        """A resubmission the gate allowed met Slurm's submit limit: the task waits (with its
+        adjusted spec) and the supervisor submits it as its next attempt when there is room."""
+        spec = self._limited.pop(task.index)
+        task.spec_id = state.add_spec(dataclasses.asdict(spec))
+        task.error = f"{task.state}: resubmission waits for Slurm's submit limit ({reason})\n{task.error}"
+        task.state = WAITING
 
     @staticmethod
     def _resubmitted(
@@ -278,12 +307,9 @@ class Recoverer:
     ) -> None:
         """Apply an executed resubmission's outcome to the sweep state: the task's next attempt."""
         job_id = str(outcome["job_id"])
-        task.attempts.append(Attempt(job_id, time.time()))
+        intent = next((i for i in state.submissions if i["marker"] == outcome.get("marker")), None)
+        close_intent(state, [task], [job_id], intent)
         task.spec_id = state.add_spec(dataclasses.asdict(dataclasses.replace(spec, resources=step.resources)))
-        task.state, task.error = "PENDING", ""
-        state.finished_at = None
-        if state.backend == "slurm":
-            state.array_ids.append(job_id.split("_")[0])
         log.warning("task %d: %s → resubmitted as %s (%s)", task.index, diag.cause, job_id, step.reason)
 
     def _requeued_by_slurm(self, task: TaskRecord) -> bool:

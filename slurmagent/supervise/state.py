@@ -22,7 +22,8 @@ from slurmagent.slurm.seam import TERMINAL_STATES
 
 STATE_FILE = "sweep.json"
 LOCK_FILE = ".sweep.lock"
-DONE_STATES = TERMINAL_STATES  # a task is done when its latest job is
+# a task is done when its latest job is, or when Slurm refused to take it (supervise/submission.py)
+DONE_STATES = TERMINAL_STATES | {"REFUSED"}
 
 
 @dataclass
@@ -70,6 +71,10 @@ class SweepState:
     suspect_nodes: dict[str, int] = field(default_factory=dict)  # node → failures blamed on it
     site: dict[str, Any] | None = None  # the site's catalogue the sweep was launched with (SiteConf)
     specs: dict[str, dict[str, Any]] = field(default_factory=dict)  # id → a JobSpec (asdict), stored once
+    # every submission, recorded before its sbatch and completed after (supervise/submission.py)
+    submissions: list[dict[str, Any]] = field(default_factory=list)
+    held_back: str = ""  # why WAITING tasks are not submitted yet (a submit limit), for people
+    max_array: int = 0  # the most tasks one array may hold (hydra.launcher.max_array_size or MaxArraySize)
 
     @property
     def done(self) -> bool:
@@ -139,6 +144,11 @@ class SweepStore:
         except ValueError as exc:
             raise SweepStateError(f"{self.path} is not valid JSON: {exc}") from None
         return SweepState.from_json(raw)
+
+    def write(self, state: SweepState) -> None:
+        """Write `state` now; the caller holds the lock (inside `edit()`): a record that must be
+        on disk before an action (a submission's intent) is persisted this way."""
+        self._write(state)
 
     def _write(self, state: SweepState) -> None:
         for t in state.tasks:

@@ -20,8 +20,9 @@ from submitit.core.utils import JobPaths
 
 from slurmagent.errors import SlurmAgentError
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
-from slurmagent.supervise.recover import Recoverer, Resubmitter
+from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
+from slurmagent.supervise.submission import RETRY_LIMIT_AFTER_S, WAITING, Submitter, submit_waiting
 from slurmagent.supervise.views import summary_line, sweep_table, terminal
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class Supervisor:
         max_poll_interval_s: float = 30.0,
         console: Console | None = None,
         sleep: Callable[[float], None] = time.sleep,
-        resubmit: Resubmitter | None = None,
+        submit: Submitter | None = None,
     ) -> None:
         self.store = SweepStore(sweep_dir)
         self.slurm = slurm or SlurmCLI()
@@ -99,7 +100,9 @@ class Supervisor:
         self._no_result_seen: dict[str, int] = {}
         self.queries = 0
         self.results: dict[int, Any] = {}  # index → raw return (JobReturn) read from pickles
-        self.recoverer = Recoverer(self.store.dir, self.slurm, resubmit)
+        self.submit = submit
+        self.recoverer = Recoverer(self.store.dir, self.slurm, submit, self.store.write)
+        self._last_submit_try = -float("inf")  # monotonic time of the last try at WAITING tasks
 
     # -- one poll ---------------------------------------------------------------
     def _statuses(self, state: SweepState, pending: list[TaskRecord]) -> dict[str, TaskStatus]:
@@ -129,10 +132,9 @@ class Supervisor:
         with self.store.edit() as state:
             # recoveries the kill switch held or that waited for approval, retried first
             changed = self.recoverer.retry_held(state)
-            pending = [t for t in state.tasks if not t.done]
-            if not pending:
-                return changed
-            statuses = self._statuses(state, pending)
+            pending = [t for t in state.tasks if not t.done and t.state != WAITING]
+            statuses = self._statuses(state, pending) if pending else {}
+            ended = 0
             for task in pending:
                 restarts_before = task.attempts[-1].restarts if task.attempts else 0
                 changed |= self._update_task(state, task, statuses)
@@ -140,9 +142,28 @@ class Supervisor:
                 if status is not None and status.restarts > restarts_before:  # Slurm requeued it
                     runs = status.earlier[restarts_before:]
                     self.recoverer.requeued_after_node_failure(state, task, runs, status.state)
+                ended += task.done
                 if task.done and task.state != "COMPLETED":
                     self.recoverer.handle(state, task)  # may resubmit it as its next attempt
+            changed |= self._submit_waiting(state, ended)
         return changed
+
+    def _submit_waiting(self, state: SweepState, ended: int) -> bool:
+        """Tasks a submit limit held back (or a killed launcher never submitted) are
+        submitted when tasks have ended, else at most every RETRY_LIMIT_AFTER_S."""
+        if self.submit is None or not any(t.state == WAITING for t in state.tasks):
+            return False
+        now = time.monotonic()
+        if not ended and now - self._last_submit_try < RETRY_LIMIT_AFTER_S:
+            return False
+        self._last_submit_try = now
+        slurm = self.slurm if state.backend == "slurm" else None
+        report = submit_waiting(state, lambda: self.store.write(state), self.submit, slurm, state.max_array or 1001)
+        if report.submitted or report.refused:
+            held = f"; {report.waiting} still wait: {report.held_back}" if report.waiting else ""
+            refused = f"; Slurm refused {report.refused_tasks}: {report.refused}" if report.refused else ""
+            log.warning("submitted %d waiting task(s)%s%s", report.submitted, held, refused)
+        return bool(report.submitted or report.refused)
 
     def _update_task(self, state: SweepState, task: TaskRecord, statuses: dict[str, TaskStatus]) -> bool:
         job_id = task.job_id

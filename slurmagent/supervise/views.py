@@ -117,6 +117,8 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
             detail = _short(t.result)
         elif t.state == "RUNNING" and (p := progress(state, t)) is not None:
             detail = progress_text(p)
+        elif t.state == "WAITING" and not t.error:
+            detail = f"not submitted yet: {state.held_back}" if state.held_back else "not submitted yet"
         else:
             detail = t.error.splitlines()[0] if t.error else ""
         if t.state != "COMPLETED" and (moved := health_note(state, t)):
@@ -125,6 +127,9 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
         cells = (str(t.index), t.job_id or "-", t.state, runs_text(t), " ".join(varying(t.overrides)), detail)
         table.add_row(*(Text(c) for c in cells))
     captions = [f"logs: slurmagent logs {state.sweep_dir} TASK"]
+    if state.held_back:
+        waiting = sum(t.state == "WAITING" for t in state.tasks)
+        captions.insert(0, f"{waiting} task(s) wait: {state.held_back}; submitted as earlier ones end")
     if len(state.tasks) > max_rows:
         captions.insert(0, f"{len(state.tasks) - max_rows} more rows; `slurmagent status --json` lists all")
     table.caption = "; ".join(captions)

@@ -58,10 +58,11 @@ def sweep_state(sweep: Path) -> dict[str, Any]:
 def first_job_id(sweep: Path, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (sweep / "sweep.json").exists():
-            return str(sweep_state(sweep)["tasks"][0]["attempts"][-1]["job_id"])
+        # the tasks are in sweep.json before they are submitted (WAITING, no attempt yet)
+        if (sweep / "sweep.json").exists() and (attempts := sweep_state(sweep)["tasks"][0]["attempts"]):
+            return str(attempts[-1]["job_id"])
         time.sleep(0.1)
-    raise TimeoutError(f"no sweep.json in {sweep}")
+    raise TimeoutError(f"task 0 of {sweep} was not submitted")
 
 
 def steps_done(sweep: Path, index: int = 0) -> int:

@@ -49,7 +49,10 @@ def preempt_ddp(tmp_path: Path, move_to: str | None = None) -> tuple[str, dict[s
     )
     try:
         deadline = time.monotonic() + 120
-        while not (tmp_path / "pre" / "sweep.json").exists() and time.monotonic() < deadline:
+        # the task is in sweep.json before its submission, then its job id
+        while time.monotonic() < deadline and not (
+            (tmp_path / "pre" / "sweep.json").exists() and task(tmp_path, "pre")["attempts"]
+        ):
             assert pre.poll() is None, pre.communicate()[1]
             time.sleep(0.2)
         job_id = task(tmp_path, "pre")["attempts"][0]["job_id"]

@@ -43,8 +43,13 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
         deadline = time.monotonic() + 60
         job_id = None
         while time.monotonic() < deadline:
-            if (sweep / "sweep.json").exists():
-                job_id = json.loads((sweep / "sweep.json").read_text())["tasks"][0]["attempts"][0]["job_id"]
+            attempts = (
+                json.loads((sweep / "sweep.json").read_text())["tasks"][0]["attempts"]
+                if (sweep / "sweep.json").exists()
+                else []
+            )
+            if attempts:
+                job_id = attempts[0]["job_id"]
                 log = sweep / ".submitit" / f"{job_id}_0_log.out"
                 if log.exists() and "Starting with" in log.read_text():
                     break

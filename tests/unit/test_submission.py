@@ -1,0 +1,175 @@
+"""Submission that never orphans a job (supervise/submission.py, slurm/seam.py's submit):
+the logic on the fake Slurm, with a stand-in Submitter that sbatches a plain script (the
+launcher's SubmititSubmitter builds submitit arrays; tests/fake and tests/slurm run that)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmagent.config import JobSpec, job_spec
+from slurmagent.errors import SubmissionRefused
+from slurmagent.slurm.fake import FakeSlurm
+from slurmagent.slurm.seam import SlurmCLI, refusal_kind
+from slurmagent.supervise.state import SweepState, TaskRecord
+from slurmagent.supervise.submission import (
+    REFUSED,
+    WAITING,
+    open_intent,
+    reconcile,
+    submit_waiting,
+    waiting_groups,
+)
+
+LIMIT = (
+    "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's "
+    "size and/or time limits)"
+)
+JOB_COUNT = "sbatch: error: Batch job submission failed: Resource temporarily unavailable"
+DOWN = "sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)"
+SOCKET = "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"
+BAD = "sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"
+
+
+@pytest.mark.parametrize(
+    ("stderr", "kind"),
+    [(LIMIT, "limit"), (JOB_COUNT, "limit"), (DOWN, "transient"), (SOCKET, "transient"), (BAD, "permanent")],
+)
+def test_refusals_are_sorted_by_what_waiting_can_change(stderr: str, kind: str) -> None:
+    assert refusal_kind(stderr) == kind
+
+
+class ScriptSubmitter:
+    """Sends tasks as one sbatch array of `sleep` jobs carrying the marker as --comment."""
+
+    def __init__(self, slurm: SlurmCLI, folder: Path) -> None:
+        self.slurm, self.folder, self.calls = slurm, folder, 0
+
+    def __call__(
+        self, state: SweepState, tasks: list[TaskRecord], spec: JobSpec, attempt: int, comment: str
+    ) -> list[str]:
+        self.calls += 1
+        script = self.folder / f"job{self.calls}.sh"
+        array = f"#SBATCH --array=0-{len(tasks) - 1}\n" if len(tasks) > 1 else ""
+        script.write_text(
+            f"#!/bin/bash\n#SBATCH --partition=low\n#SBATCH --comment={comment}\n{array}"
+            f"#SBATCH --output={self.folder}/%j.out\nsrun sleep 30\n"
+        )
+        own = self.slurm.submit(script)
+        return [own] if len(tasks) == 1 else [f"{own}_{k}" for k in range(len(tasks))]
+
+
+def sweep(tmp_path: Path, n: int) -> SweepState:
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path / ".submitit"), time.time(), [])
+    spec_id = state.add_spec(dataclasses.asdict(job_spec({"task": {"target": "a:b"}})))
+    state.tasks = [TaskRecord(i, [f"x={i}"], state=WAITING, spec_id=spec_id) for i in range(n)]
+    return state
+
+
+@pytest.fixture()
+def fake(tmp_path: Path) -> Iterator[FakeSlurm]:
+    slurm = FakeSlurm(tmp_path / "fake")
+    yield slurm
+    for job_id, job in slurm.jobs().items():  # nothing outlives the test
+        if job["state"] in ("RUNNING", "PENDING"):
+            slurm.command(["scancel", job_id], str(tmp_path))
+
+
+def test_a_submit_limit_admits_what_fits_and_the_rest_waits(tmp_path: Path, fake: FakeSlurm) -> None:
+    fake.set_submit_limit(5)
+    slurm = SlurmCLI(runner=fake)
+    state, writes = sweep(tmp_path, 12), []
+    submit = ScriptSubmitter(slurm, tmp_path)
+    report = submit_waiting(state, lambda: writes.append(1), submit, slurm, max_array=3, user="me")
+    assert report.limit == 5 and report.submitted == 5 and report.waiting == 7
+    assert [len(t.attempts) for t in state.tasks] == [1] * 5 + [0] * 7  # arrays of 3 + 2: exactly the room
+    assert "submit limit (5 jobs per user) is reached" in state.held_back
+    assert not fake.limit_refusals() and fake.max_queued() == 5
+    # every submission was written before its sbatch and after it
+    assert len(writes) == 2 * submit.calls and all(i["state"] == "submitted" for i in state.submissions)
+    # two jobs end: two more go in; nothing else is tried while the limit holds
+    for job in sorted(fake.jobs())[:2]:
+        fake.command(["scancel", job], str(tmp_path))
+    report = submit_waiting(state, lambda: None, submit, slurm, max_array=3, user="me")
+    assert report.submitted == 2 and report.waiting == 5 and not fake.limit_refusals()
+
+
+def test_a_limit_refusal_without_a_known_limit_holds_the_rest_back(tmp_path: Path, fake: FakeSlurm) -> None:
+    """The cluster's MaxJobCount (no per-user limit in accounting): the first array goes in;
+    the second is refused, then again as a smaller array; it and everything after it wait."""
+    slurm = SlurmCLI(runner=fake)
+    state = sweep(tmp_path, 9)
+    real_submit = ScriptSubmitter(slurm, tmp_path)
+
+    def second_refused(st: SweepState, tasks: list[TaskRecord], spec: JobSpec, attempt: int, comment: str) -> list[str]:
+        if real_submit.calls >= 1:  # the controller holds as many jobs as it may from now on
+            fake.refuse_sbatch(JOB_COUNT.removeprefix("sbatch: error: "))
+        return real_submit(st, tasks, spec, attempt, comment)
+
+    report = submit_waiting(state, lambda: None, second_refused, slurm, max_array=3, user="me")
+    assert report.submitted == 3 and report.waiting == 6 and not report.refused
+    assert (
+        real_submit.calls == 3
+    )  # 3 tasks; refused: 3, then 1    assert "Resource temporarily unavailable" in report.held_back
+    assert [t.state for t in state.tasks] == ["PENDING"] * 3 + [WAITING] * 6
+    assert not [i for i in state.submissions if i["state"] == "submitting"]  # the refused intent is gone
+
+
+def test_a_transient_refusal_is_retried_with_back_off(tmp_path: Path, fake: FakeSlurm) -> None:
+    slept: list[float] = []
+    slurm = SlurmCLI(runner=fake, sleep=slept.append)
+    fake.refuse_sbatch(SOCKET.removeprefix("sbatch: error: "), DOWN.removeprefix("sbatch: error: "))
+    state = sweep(tmp_path, 2)
+    report = submit_waiting(state, lambda: None, ScriptSubmitter(slurm, tmp_path), slurm, max_array=10, user="me")
+    assert report.submitted == 2 and slept == [1.0, 2.0]
+
+
+def test_a_permanent_refusal_marks_its_tasks_refused_and_the_others_go_on(tmp_path: Path, fake: FakeSlurm) -> None:
+    slurm = SlurmCLI(runner=fake)
+    state = sweep(tmp_path, 4)
+    other = state.add_spec(dataclasses.asdict(job_spec({"task": {"target": "a:b"}, "resources": {"mem": "2G"}})))
+    for t in state.tasks[2:]:
+        t.spec_id = other
+    fake.refuse_sbatch(BAD.removeprefix("sbatch: error: "))
+    report = submit_waiting(state, lambda: None, ScriptSubmitter(slurm, tmp_path), slurm, max_array=10, user="me")
+    assert report.refused.endswith("Invalid account or account/partition combination specified")
+    assert report.refused_tasks == 2 and report.submitted == 2
+    assert [t.state for t in state.tasks] == [REFUSED, REFUSED, "PENDING", "PENDING"]
+    assert state.tasks[0].done and "Invalid account" in state.tasks[0].error
+
+
+def test_a_killed_launchers_submission_is_found_by_its_marker(tmp_path: Path, fake: FakeSlurm) -> None:
+    """The launcher wrote its intent, sbatch accepted the array, the launcher died before
+    writing the job id: the next poll finds the job by its --comment and records it; an
+    intent whose job never reached Slurm is dropped and its tasks are submitted again."""
+    slurm = SlurmCLI(runner=fake)
+    state = sweep(tmp_path, 5)
+    lost = open_intent(state, state.tasks[:3], 1)
+    never = open_intent(state, state.tasks[3:], 1)
+    spec = job_spec(state.specs[state.tasks[0].spec_id])
+    ScriptSubmitter(slurm, tmp_path)(state, state.tasks[:3], spec, 1, str(lost["marker"]))
+    assert waiting_groups(state) == []  # in flight: not submitted twice
+    assert reconcile(state, slurm, "me") == 0  # too recent: its sbatch may still be running
+    for intent in state.submissions:
+        intent["at"] -= 120
+    assert reconcile(state, slurm, "me") == 3
+    own = lost["job_id"]
+    assert [t.job_id for t in state.tasks[:3]] == [f"{own}_0", f"{own}_1", f"{own}_2"]
+    assert never not in state.submissions and [t.state for t in state.tasks[3:]] == [WAITING, WAITING]
+    report = submit_waiting(state, lambda: None, ScriptSubmitter(slurm, tmp_path), slurm, max_array=10, user="me")
+    assert report.submitted == 2 and all(t.job_id for t in state.tasks)
+    assert len({j["array"] or j_id for j_id, j in fake.jobs().items()}) == 2  # two arrays, no duplicate
+
+
+def test_a_refusal_is_an_error_of_its_kind(tmp_path: Path, fake: FakeSlurm) -> None:
+    slurm = SlurmCLI(runner=fake, sleep=lambda _s: None)
+    fake.set_controller(False)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --partition=low\nsrun true\n")
+    with pytest.raises(SubmissionRefused) as err:
+        slurm.submit(script)
+    assert err.value.kind == "transient" and len([c for c in fake.calls if c[0] == "sbatch"]) == 6
