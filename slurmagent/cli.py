@@ -8,10 +8,8 @@ Returns an exit code: 0 ok, 1 a task or command failed, 2 bad input (nothing was
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +22,7 @@ if TYPE_CHECKING:
     from slurmagent.slurm.seam import SlurmCLI
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+DETACH_FLAGS = ("--detach", "-d")  # = hydra.launcher.detach=true: submit, leave it to a supervisor, return
 
 
 def _bare_word(arg: str) -> bool:
@@ -43,6 +42,11 @@ def _hydra(argv: list[str]) -> int:
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     # Hydra's argparse stops at a flag between overrides (`+experiment=x -m a=1,2`): put the
     # flags first, keeping their values, so that both orders work as users expect
+    if any(a in DETACH_FLAGS for a in argv) and not {"-m", "--multirun"} & set(argv):
+        print("slurmagent: error: --detach applies to sweeps: add -m (a one-task sweep is fine)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if any(a in DETACH_FLAGS for a in argv):  # slurmagent's own flag: the launcher option, spelt short
+        argv = [*(a for a in argv if a not in DETACH_FLAGS), "hydra.launcher.detach=true"]
     sys.argv = [sys.argv[0] if sys.argv else "slurmagent", *hoist_flags(argv)]
     main = hydra.main(version_base="1.3", config_path="pkg://slurmagent.conf", config_name="config")(run_task)
     try:
@@ -108,12 +112,20 @@ def hoist_flags(argv: list[str]) -> list[str]:
 def cmd_status(args: argparse.Namespace) -> int:
 
     from slurmagent.launch.backend import SubmititSubmitter
+    from slurmagent.supervise.lead import Lead
     from slurmagent.supervise.state import SweepStore
     from slurmagent.supervise.supervisor import Supervisor
     from slurmagent.supervise.views import health_note, runs, sweep_table, terminal
 
-    if args.refresh:
-        Supervisor(args.sweep_dir, submit=SubmititSubmitter()).poll_once()
+    if args.refresh:  # one poll, by the sweep's supervisor's rules: only when none acts on it now
+        lead = Lead(args.sweep_dir, "status --refresh")
+        if lead.take():
+            try:
+                Supervisor(args.sweep_dir, submit=SubmititSubmitter()).poll_once()
+            finally:
+                lead.release()
+        else:
+            print(f"slurmagent: {lead.describe_holder()} supervises this sweep; sweep.json is current", file=sys.stderr)
     state = SweepStore(args.sweep_dir).load()
     if args.json:
         out = {
@@ -163,32 +175,20 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from slurmagent.slurm.seam import SlurmCLI
+    from slurmagent.supervise.control import cancel_sweep
     from slurmagent.supervise.state import SweepStore
 
-    store = SweepStore(args.sweep_dir)
-    with store.edit() as state:
-        live = [t for t in state.tasks if not t.done]
-        if state.backend == "slurm":
-            SlurmCLI().cancel(state.array_ids)
-        else:
-            for t in live:
-                if t.job_id and _is_our_local_task(t.job_id):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(t.job_id), signal.SIGTERM)
-        for t in live:
-            t.state = "CANCELLED"
-            t.error = "CANCELLED by slurmagent cancel"
-    print(f"cancelled {len(live)} unfinished task(s) of {args.sweep_dir}")
+    SweepStore(args.sweep_dir).load()  # not a sweep: a clear error, nothing cancelled
+    n = cancel_sweep(args.sweep_dir, SlurmCLI(), "by slurmagent cancel")
+    print(f"cancelled {n} unfinished task(s) of {args.sweep_dir}")
     return EXIT_OK
 
 
-def _is_our_local_task(pid: str) -> bool:
-    """True only if `pid` still runs a submitit task (a pid may have been reused since)."""
-    try:
-        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return False
-    return b"submitit" in cmdline
+def cmd_supervise(args: argparse.Namespace) -> int:
+    from slurmagent.launch.backend import SubmititSubmitter
+    from slurmagent.supervise.detach import run_supervisor
+
+    return run_supervisor(args.sweep_dir, SubmititSubmitter())
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -420,8 +420,19 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     w.add_argument("sweep_dir", type=Path, help=sweep_help)
     w.add_argument("--interval", type=float, default=2.0, help="seconds between polls (grows while nothing changes)")
     w.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 1)")
-    c = command("cancel", "cancel a sweep's unfinished tasks", "Completed tasks and their results stay.")
+    c = command(
+        "cancel",
+        "cancel a sweep's unfinished tasks (and its detached supervisor)",
+        "Completed tasks and their results stay.",
+    )
     c.add_argument("sweep_dir", type=Path, help=sweep_help)
+    sv = command(
+        "supervise",
+        "what a detached sweep's supervisor runs (a Slurm job or a process): supervise it to the end",
+        "Started by `-m --detach`; like watch, but quiet, requeue-safe in a Slurm job, and exiting 0 once the\n"
+        "sweep is done. Only one supervisor acts on a sweep at a time (a lock); the others follow.",
+    )
+    sv.add_argument("sweep_dir", type=Path, help=sweep_help)
     r = command(
         "render",
         "write a standalone sbatch script (and its config) for a login node",
@@ -488,6 +499,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "status": cmd_status,
         "watch": cmd_watch,
         "cancel": cmd_cancel,
+        "supervise": cmd_supervise,
         "render": cmd_render,
         "version": cmd_version,
         "doctor": cmd_doctor,
@@ -507,6 +519,7 @@ SUBCOMMANDS = (
     "results",
     "report",
     "cancel",
+    "supervise",
     "render",
     "version",
     "doctor",
@@ -529,6 +542,7 @@ def help_page() -> str:
             "Run and sweep:",
             "  slurmagent +experiment=digits_mlp                          one run (cluster=local runs it here)",
             "  slurmagent +experiment=digits_mlp -m optim.lr=1e-3,1e-2     a sweep: one Slurm job array",
+            "  slurmagent +experiment=digits_mlp -m optim.lr=1e-3 --detach  submit, leave it to a supervisor, return",
             "  slurmagent --cfg job +experiment=digits_mlp                print the composed config",
             "  slurmagent help config                                     the config groups and their defaults",
             "  slurmagent --hydra-help                                    Hydra's own flags",

@@ -138,6 +138,15 @@ class LauncherConf:
     # when Slurm refuses part of a sweep for good (exit 2 either way): leave what it accepted
     # running and supervised to the end, or cancel it at once
     on_refusal: str = "leave"
+    # submit, start the sweep's supervisor away from this shell, print how to follow it, return
+    # (also: the --detach flag); where it runs: auto | job | process (supervise/detach.py)
+    detach: bool = False
+    supervisor: str = "auto"
+    supervisor_partition: str = ""  # the supervisor job's partition; "" = the cluster's default
+    supervisor_mem: str = "1G"
+    supervisor_time: str = "02:00:00"  # at its limit it requeues itself and goes on
+    # Ctrl-C while attached: leave the sweep to a detached supervisor, or cancel it (asked on a terminal)
+    on_interrupt: str = "leave"
 
 
 @dataclass(frozen=True)
@@ -252,12 +261,17 @@ SIGNAL_CHOICES = ("USR1", "USR2", "TERM", "INT", "HUP")
 ON_REFUSAL_CHOICES = ("leave", "cancel")
 
 
+SUPERVISOR_CHOICES = ("auto", "job", "process")
+
+
 def validate_launcher(conf: LauncherConf) -> None:
-    if conf.on_refusal not in ON_REFUSAL_CHOICES:
-        raise ConfigError(
-            f"hydra.launcher.on_refusal={conf.on_refusal!r} is not one of {choices(ON_REFUSAL_CHOICES)}; "
-            "nothing was submitted"
-        )
+    for key, value, valid in (
+        ("on_refusal", conf.on_refusal, ON_REFUSAL_CHOICES),
+        ("on_interrupt", conf.on_interrupt, ON_REFUSAL_CHOICES),
+        ("supervisor", conf.supervisor, SUPERVISOR_CHOICES),
+    ):
+        if value not in valid:
+            raise ConfigError(f"hydra.launcher.{key}={value!r} is not one of {choices(valid)}; nothing was submitted")
 
 
 def validate_recovery(rc: RecoveryConf) -> None:

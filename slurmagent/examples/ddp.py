@@ -33,6 +33,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     d = cfg.ddp
     ctx = current()
     init_process_group("gloo", timeout_s=float(d.get("timeout_s", 120)))  # rendezvous from the job
+    ddp: DistributedDataParallel | None = None
     try:
         gen = torch.Generator().manual_seed(int(d.seed))
         x = torch.randn(int(d.samples), int(d.features), generator=gen)
@@ -70,6 +71,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             "rank": ctx.rank,
         }
         log.info("ddp_gloo rank %d done: %s", ctx.rank, result)
+        dist.barrier()  # no rank tears the group down while another still uses it
         return result
     finally:
+        # DDP's reducer holds the process group: freed after destroy_process_group, the gloo
+        # group's destructor can hang joining its threads (seen: a rank alive to its time limit)
+        del ddp
         dist.destroy_process_group()

@@ -14,10 +14,11 @@ import copy
 import dataclasses
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
@@ -25,6 +26,7 @@ from hydra.errors import HydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
+from rich.console import Console
 
 from slurmagent.config import (
     JobSpec,
@@ -46,6 +48,8 @@ from slurmagent.safety.policy import resolve_policy
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name
 from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.supervise.control import cancel_sweep
+from slurmagent.supervise.detach import follow_commands, start_detached, supervisor_resources
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.submission import WAITING, submit_waiting
 from slurmagent.supervise.supervisor import Supervisor
@@ -152,6 +156,16 @@ class ArrayLauncher:
                 except ConfigError as exc:
                     raise ConfigError(f"{exc}; nothing was submitted") from None
             max_array = max_array or info.max_array_size
+            if conf.detach and conf.supervisor != "process":
+                try:
+                    check_fits(supervisor_resources(conf, specs[0].resources.account), info)
+                except ConfigError as exc:
+                    raise ConfigError(f"the sweep's supervisor job: {exc}; nothing was submitted") from None
+        elif conf.supervisor == "job":
+            raise ConfigError(
+                "hydra.launcher.supervisor=job needs Slurm, and this sweep runs locally; use supervisor=process "
+                "(or auto); nothing was submitted"
+            )
         else:
             for spec in specs:
                 if spec.resources.nodes > 1:
@@ -210,14 +224,23 @@ class ArrayLauncher:
             lines.append(f"{report.waiting} task(s) wait: {report.held_back}; they are submitted as earlier ones end")
         if report.refused:
             lines.append(f"Slurm refused {report.refused_tasks} task(s): {report.refused}")
-        lines.append(f"if this launcher dies: slurmagent watch {sweep_dir}")
+        if not conf.detach:
+            lines.append(f"if this launcher dies: slurmagent watch {sweep_dir}")
         console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
         if report.refused and conf.on_refusal == "cancel":
-            self._cancel_submitted(store)
+            cancel_sweep(
+                sweep_dir, self.slurm, "hydra.launcher.on_refusal=cancel after Slurm refused part of the sweep"
+            )
             raise SweepRefusedError(
                 f"Slurm refused {report.refused_tasks} task(s): {report.refused}; the jobs it had accepted were "
                 "cancelled (hydra.launcher.on_refusal=cancel)"
             )
+
+        mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
+        if conf.detach:
+            where = start_detached(store.load(), conf, self.slurm, specs[0].resources.account)
+            self._print_follow(console, sweep_dir, f"detached: the sweep is supervised by {where}")
+            return [self._detached_return(task) for task in records]
 
         # -- step 3: supervise ---------------------------------------------------------
         sup = Supervisor(
@@ -228,24 +251,55 @@ class ArrayLauncher:
             console,
             submit=submitter,
         )
-        state = sup.wait()
+        try:
+            state = sup.wait(role="launcher")
+        except KeyboardInterrupt:
+            self._interrupted(store, conf, console, specs[0].resources.account)
         console.print(sweep_table(state))
         if report.refused:  # on_refusal=leave: what was accepted ran to its end; the sweep still failed
             raise SweepRefusedError(
                 f"Slurm refused {report.refused_tasks} task(s): {report.refused}; the tasks it accepted were "
                 "supervised to the end (hydra.launcher.on_refusal=leave)"
             )
-        mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
         return [self._job_return(task, sup.results.get(task.index)) for task in state.tasks if task.index in mine]
 
-    def _cancel_submitted(self, store: SweepStore) -> None:
-        """on_refusal=cancel: cancel every job of the sweep submitted so far (only sbatch refuses)."""
-        why = "CANCELLED: hydra.launcher.on_refusal=cancel after Slurm refused part of the sweep"
-        with store.edit() as state:
-            self.slurm.cancel({t.job_id.split("_")[0] for t in state.tasks if t.job_id and not t.done})
-            for t in state.tasks:
-                if not t.done:
-                    t.state, t.error = "CANCELLED", why
+    def _interrupted(self, store: SweepStore, conf: LauncherConf, console: Console, account: str | None) -> NoReturn:
+        """Ctrl-C while attached: leave the sweep to a detached supervisor, or cancel it. On a
+        terminal the user is asked (Enter: hydra.launcher.on_interrupt); elsewhere that option decides."""
+        state = store.load()
+        unfinished = sum(not t.done for t in state.tasks)
+        choice = conf.on_interrupt
+        if sys.stdin.isatty() and unfinished:
+            try:
+                answer = input(
+                    f"\n[slurmagent] interrupted: leave the sweep's {unfinished} unfinished task(s) to a detached "
+                    f"supervisor, or cancel them? [l]eave / [c]ancel (Enter: {conf.on_interrupt}) "
+                )
+            except (EOFError, KeyboardInterrupt):
+                answer = ""
+            choice = {"l": "leave", "c": "cancel"}.get(answer.strip().lower()[:1], conf.on_interrupt)
+        if not unfinished:
+            pass
+        elif choice == "cancel":
+            n = cancel_sweep(store.dir, self.slurm, "the launcher was interrupted (hydra.launcher.on_interrupt=cancel)")
+            console.print(f"[slurmagent] interrupted: cancelled {n} unfinished task(s)", markup=False, highlight=False)
+        else:
+            where = start_detached(state, conf, self.slurm, account)
+            self._print_follow(console, store.dir, f"interrupted: the sweep goes on, supervised by {where}")
+        raise SystemExit(130)
+
+    @staticmethod
+    def _print_follow(console: Console, sweep_dir: Path, head: str) -> None:
+        lines = [head, "follow it with:", *(f"  {c}" for c in follow_commands(sweep_dir))]
+        console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
+
+    @staticmethod
+    def _detached_return(task: TaskRecord) -> JobReturn:
+        """What Hydra gets for a task of a detached sweep: it was submitted (its result comes later)."""
+        ret = JobReturn(overrides=task.overrides, status=JobStatus.COMPLETED)
+        ret.cfg = OmegaConf.create({})
+        ret.return_value = None
+        return ret
 
     def _job_name(self) -> str:
         """What squeue and sacct show: the experiment (+experiment=NAME), else the app's name."""

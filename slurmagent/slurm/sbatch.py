@@ -84,8 +84,13 @@ def gres_string(res: ResourcesConf) -> str | None:
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*()]+$")
 
 
+def safe_directive_value(value: str) -> bool:
+    """Whether `value` can stand in an `#SBATCH --key=value` line as it is."""
+    return _SAFE_VALUE.fullmatch(value) is not None  # not match(): `$` also matches before a final newline
+
+
 def _check_value(key: str, value: str) -> str:
-    if not _SAFE_VALUE.fullmatch(value):  # not match(): `$` also matches before a final newline
+    if not safe_directive_value(value):
         raise ConfigError(
             f"resources.{key}={value!r} contains characters sbatch cannot take in a directive "
             "(whitespace, quotes, $, `, ;, newlines…); use letters, digits and _ . / : @ % + = , - [ ] & | ! * ( )"

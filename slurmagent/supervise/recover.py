@@ -288,17 +288,18 @@ class Recoverer:
         except BaseException as exc:
             drop_intent(state, intent)
             self.persist(state)
-            if isinstance(exc, SubmissionRefused) and exc.kind == "limit":
-                self._limited[task.index] = new_spec
+            if isinstance(exc, SubmissionRefused) and exc.kind in ("limit", "transient"):
+                self._limited[task.index] = new_spec  # it fits later: the task waits its turn
             raise
         return {"job_id": ids[0], "resources": dataclasses.asdict(step.resources), "marker": intent["marker"]}
 
     def _wait_for_limit(self, state: SweepState, task: TaskRecord, reason: str) -> None:
-        """A resubmission the gate allowed met Slurm's submit limit: the task waits (with its
-        adjusted spec) and the supervisor submits it as its next attempt when there is room."""
+        """A resubmission the gate allowed met Slurm's submit limit (or a controller that did not
+        answer): the task waits with its adjusted spec, and the supervisor submits it as its
+        next attempt when there is room."""
         spec = self._limited.pop(task.index)
         task.spec_id = state.add_spec(dataclasses.asdict(spec))
-        task.error = f"{task.state}: resubmission waits for Slurm's submit limit ({reason})\n{task.error}"
+        task.error = f"{task.state}: resubmission waits until Slurm takes it ({reason})\n{task.error}"
         task.state = WAITING
 
     @staticmethod

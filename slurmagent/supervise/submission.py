@@ -210,6 +210,9 @@ def submit_waiting(
                 ids = submit_recorded(state, persist, submit, part, spec, attempt)
             except SubmissionRefused as exc:
                 message = _last_line(exc.stderr) or str(exc)
+                if exc.kind == "transient":  # the seam's retries are spent: the supervisor tries again later
+                    report.held_back = f"Slurm did not answer ({message})"
+                    break
                 if exc.kind == "limit" and len(part) > 1:
                     tasks, cap = part + tasks, len(part) // 2
                     continue

@@ -20,6 +20,7 @@ from submitit.core.utils import JobPaths
 
 from slurmagent.errors import SlurmAgentError
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
+from slurmagent.supervise.lead import Lead
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.submission import RETRY_LIMIT_AFTER_S, WAITING, Submitter, submit_waiting
@@ -215,26 +216,61 @@ class Supervisor:
     def table(self, state: SweepState | None = None) -> Table:
         return sweep_table(state or self.store.load())
 
-    def wait(self, live: bool | None = None, timeout_s: float | None = None) -> SweepState:
+    def wait(
+        self,
+        live: bool | None = None,
+        timeout_s: float | None = None,
+        role: str = "watch",
+        stop: Callable[[], bool] | None = None,
+    ) -> SweepState:
+        """Supervise until every task is done (or `timeout_s`, or `stop()`): acting while this
+        process holds the sweep's lead (supervise/lead.py), following the one that does
+        otherwise, and taking over when it stops."""
         interval = self.poll_interval_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         live = self.console.is_terminal if live is None else live
         last_counts: dict[str, int] = {}
-        with Live(self.table(), console=self.console, auto_refresh=False, transient=False) if live else _Null() as view:
-            while True:
-                changed = self.poll_once()
-                state = self.store.load()
-                if live:
-                    view.update(self.table(state), refresh=True)
-                elif state.counts() != last_counts:
+        lead, following = Lead(self.store.dir, role), False
+        try:
+            with (
+                Live(self.table(), console=self.console, auto_refresh=False, transient=False) if live else _Null()
+            ) as view:
+                while True:
+                    leading = lead.take()
+                    if leading == following:  # just started following, or just took over
+                        following = not leading
+                        what = f"{lead.describe_holder()} supervises this sweep; following it" if following else ""
+                        self.console.print(
+                            f"[sweep] {what or 'supervising it now (' + role + ')'}", markup=False, highlight=False
+                        )
+                    changed = self.poll_once() if leading else False
+                    state = self.store.load()
+                    changed |= state.counts() != last_counts
+                    if live:
+                        view.update(self.table(state), refresh=True)
+                    elif state.counts() != last_counts:
+                        self.console.print(f"[sweep] {summary_line(state)}", markup=False, highlight=False)
                     last_counts = state.counts()
-                    self.console.print(f"[sweep] {summary_line(state)}", markup=False, highlight=False)
-                if state.done and not self.recoverer.has_held():
-                    return state
-                if deadline is not None and time.monotonic() > deadline:
-                    return state
-                interval = self.poll_interval_s if changed else min(interval * 1.5, self.max_poll_interval_s)
-                self._sleep(interval)
+                    if state.done and not self.recoverer.has_held():
+                        break
+                    if deadline is not None and time.monotonic() > deadline:
+                        break
+                    if stop is not None and stop():
+                        break
+                    interval = self.poll_interval_s if changed else min(interval * 1.5, self.max_poll_interval_s)
+                    self._sleep(interval)
+        finally:
+            lead.release()
+        self._collect_results(state)
+        return state
+
+    def _collect_results(self, state: SweepState) -> None:
+        """Return values of completed tasks this process did not read itself (it followed)."""
+        for task in state.tasks:
+            if task.state == "COMPLETED" and task.index not in self.results and task.job_id:
+                res = read_result(job_paths(state, task.job_id).result_pickle)
+                if res is not None and res[0] == "success":
+                    self.results[task.index] = res[1]
 
 
 class _Null:

@@ -173,3 +173,15 @@ def test_a_refusal_is_an_error_of_its_kind(tmp_path: Path, fake: FakeSlurm) -> N
     with pytest.raises(SubmissionRefused) as err:
         slurm.submit(script)
     assert err.value.kind == "transient" and len([c for c in fake.calls if c[0] == "sbatch"]) == 6
+
+
+def test_a_controller_down_past_the_retries_leaves_the_tasks_waiting(tmp_path: Path, fake: FakeSlurm) -> None:
+    slurm = SlurmCLI(runner=fake, sleep=lambda _s: None)
+    fake.set_controller(False)
+    state = sweep(tmp_path, 3)
+    report = submit_waiting(state, lambda: None, ScriptSubmitter(slurm, tmp_path), slurm, max_array=10, user="me")
+    assert report.submitted == 0 and report.waiting == 3 and not report.refused
+    assert "Slurm did not answer" in state.held_back and [t.state for t in state.tasks] == [WAITING] * 3
+    fake.set_controller(True)  # back: the supervisor's next try submits them
+    report = submit_waiting(state, lambda: None, ScriptSubmitter(slurm, tmp_path), slurm, max_array=10, user="me")
+    assert report.submitted == 3 and not state.held_back

@@ -1,0 +1,163 @@
+"""Fire-and-forget sweeps on the real test cluster: a detached sweep whose task must be
+resubmitted completes with the user's shell gone; its supervisor job, preempted once,
+goes on from sweep.json; two `watch` processes on one sweep do not both act."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+POLL = ("hydra.launcher.poll_interval_s=1", "hydra.launcher.max_poll_interval_s=2")
+# a task the cgroup kills for memory at step 12: the supervisor must resubmit it with more
+HOST_OOM = (
+    "+experiment=synthetic",
+    "cluster=slurm",
+    "synthetic.steps=40",
+    "synthetic.step_time_s=0.25",
+    "checkpoint.every_steps=5",
+    "resources.mem=256M",
+    "synthetic.alloc_mb=300",
+    "synthetic.alloc_at_step=12",
+)
+
+
+def launch(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """The launcher in a session of its own: a login shell that can go away."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurmagent", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise TimeoutError(f"{what} after {timeout:.0f}s")
+
+
+def state(sweep: Path) -> dict[str, Any]:
+    try:
+        return json.loads((sweep / "sweep.json").read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return {"tasks": []}
+
+
+def done(sweep: Path) -> bool:
+    tasks = state(sweep)["tasks"]
+    return bool(tasks) and all(t["state"] in ("COMPLETED", "FAILED", "CANCELLED", "OUT_OF_MEMORY") for t in tasks)
+
+
+def supervisor_job(sweep: Path) -> str:
+    return str(json.loads((sweep / ".slurmagent" / "supervisor.json").read_text())["job_id"])
+
+
+def sacct_states(job: str) -> list[str]:
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job, "-o", "State"], capture_output=True, text=True)
+    return [s.split()[0] for s in out.stdout.split("\n") if s.strip()]
+
+
+def squeue(job: str, fmt: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def resubmissions(sweep: Path) -> int:
+    lines = (sweep / "audit.jsonl").read_text().splitlines() if (sweep / "audit.jsonl").exists() else []
+    return sum(1 for r in map(json.loads, lines) if r["action"] == "resubmit" and r["type"] == "outcome")
+
+
+def test_a_detached_sweep_completes_with_the_users_shell_gone(slurm_conf: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = launch(tmp_path, *HOST_OOM, *POLL, "-m", "--detach", f"hydra.sweep.dir={sweep}")
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err
+    assert "detached: the sweep is supervised by Slurm job" in err
+    with_pid = launcher.pid
+    with pytest.raises(ProcessLookupError):  # the shell's session is gone: nothing of it is left
+        os.killpg(with_pid, signal.SIGKILL)
+    wait_for("the sweep to end", lambda: done(sweep), 300)
+    (task,) = state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2, task
+    assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and resubmissions(sweep) == 1
+    job = supervisor_job(sweep)
+    lead = json.loads((sweep / ".slurmagent" / "lead.json").read_text())
+    assert lead["role"] == f"supervisor job {job}"
+    wait_for("the supervisor job to end COMPLETED", lambda: "COMPLETED" in sacct_states(job), 120)
+
+
+def test_the_supervisor_job_preempted_once_goes_on_and_the_sweep_completes(slurm_conf: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = launch(
+        tmp_path,
+        "+experiment=synthetic",
+        "cluster=slurm",
+        "synthetic.step_time_s=0.25",
+        "checkpoint.every_steps=5",
+        "hydra.launcher.supervisor_partition=low",
+        *POLL,
+        "-m",
+        "synthetic.steps=100,101",
+        "--detach",
+        f"hydra.sweep.dir={sweep}",
+    )
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err
+    job = supervisor_job(sweep)
+    node = wait_for(
+        "the supervisor job to run", lambda: squeue(job, "%T %N").startswith("RUNNING") and squeue(job, "%N"), 120
+    )
+    wait_for("the supervisor to take the lead", lambda: (sweep / ".slurmagent" / "lead.json").exists(), 60)
+    # a high-priority job that needs the supervisor's whole node preempts (requeues) it
+    subprocess.run(
+        ["sbatch", "-p", "high", "-w", node, "--exclusive", "--time=2", "-o", "/dev/null", "--wrap", "sleep 5"],
+        check=True,
+        capture_output=True,
+    )
+    wait_for("the supervisor job's second run", lambda: "(run 2)" in supervisor_log(sweep, job), 180)
+    wait_for("the sweep to end", lambda: done(sweep), 300)
+    assert [t["state"] for t in state(sweep)["tasks"]] == ["COMPLETED", "COMPLETED"]
+    wait_for("the supervisor job to end COMPLETED", lambda: "COMPLETED" in sacct_states(job), 120)
+    assert "PREEMPTED" in sacct_states(job)
+    assert "the sweep is done" in supervisor_log(sweep, job)
+
+
+def supervisor_log(sweep: Path, job: str) -> str:
+    path = sweep / ".slurmagent" / f"supervisor-{job}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def test_two_watches_on_one_sweep_do_not_both_act(slurm_conf: str, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    launcher = launch(tmp_path, *HOST_OOM, *POLL, "-m", f"hydra.sweep.dir={sweep}")
+    wait_for("the task to be submitted", lambda: state(sweep)["tasks"] and state(sweep)["tasks"][0]["attempts"], 120)
+    launcher.kill()  # the launcher dies; two people re-attach
+    launcher.communicate(timeout=30)
+    watch = [sys.executable, "-m", "slurmagent", "watch", str(sweep), "--interval", "1", "--timeout", "300"]
+    watches = [
+        subprocess.Popen(watch, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [w.communicate(timeout=360) for w in watches]
+    assert [w.returncode for w in watches] == [0, 0], outs
+    assert sum("supervises this sweep; following it" in err for _, err in outs) == 1, outs
+    (task,) = state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2 and resubmissions(sweep) == 1
