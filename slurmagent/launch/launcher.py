@@ -270,11 +270,13 @@ class ArrayLauncher:
         unfinished = sum(not t.done for t in state.tasks)
         choice = conf.on_interrupt
         if sys.stdin.isatty() and unfinished:
+            sys.stderr.write(  # where the launcher's other messages go (stdout may be a pipe)
+                f"\n[slurmagent] interrupted: leave the sweep's {unfinished} unfinished task(s) to a detached "
+                f"supervisor, or cancel them? [l]eave / [c]ancel (Enter: {conf.on_interrupt}) "
+            )
+            sys.stderr.flush()
             try:
-                answer = input(
-                    f"\n[slurmagent] interrupted: leave the sweep's {unfinished} unfinished task(s) to a detached "
-                    f"supervisor, or cancel them? [l]eave / [c]ancel (Enter: {conf.on_interrupt}) "
-                )
+                answer = input()
             except (EOFError, KeyboardInterrupt):
                 answer = ""
             choice = {"l": "leave", "c": "cancel"}.get(answer.strip().lower()[:1], conf.on_interrupt)

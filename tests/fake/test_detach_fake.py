@@ -173,3 +173,34 @@ def test_a_bad_supervisor_choice_names_the_valid_ones_and_submits_nothing(fake: 
     assert proc.returncode == 2
     assert "hydra.launcher.supervisor='cronjob' is not one of auto, job, process; nothing was submitted" in proc.stderr
     assert not [c for c in fake.logged_calls() if c[0] == "sbatch"]
+
+
+def test_ctrl_c_on_a_terminal_asks_and_c_cancels(fake: FakeSlurm, tmp_path: Path) -> None:
+    """On a terminal the launcher asks (Enter keeps hydra.launcher.on_interrupt); `c` cancels."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    sweep = tmp_path / "sweep"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "slurmagent", *SYNTHETIC, "-m", *LONG, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        env=fake.env(),
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(slave)
+    try:
+        job = first_job_id(sweep)
+        fake.wait(job, ("RUNNING",))
+        launcher.send_signal(signal.SIGINT)
+        os.write(master, b"c\n")  # the answer waits in the terminal until the question reads it
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert launcher.returncode == 130, err
+    assert "leave the sweep's 1 unfinished task(s) to a detached supervisor, or cancel them?" in err
+    assert "interrupted: cancelled 1 unfinished task(s)" in err
+    assert [t["state"] for t in sweep_state(sweep)["tasks"]] == ["CANCELLED"] and not supervisor_jobs(fake)

@@ -3,9 +3,11 @@ at the next step boundary → `scontrol requeue` of the array task → resume, s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +41,16 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
         stderr=subprocess.PIPE,
         text=True,
     )
+    seen: set[str] = set()  # every state the sweep showed the task in, while it ran
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                seen.add(json.loads((sweep / "sweep.json").read_text())["tasks"][0]["state"])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     try:
         deadline = time.monotonic() + 60
         job_id = None
@@ -60,19 +72,27 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
         _, err = launcher.communicate(timeout=240)
     finally:
         launcher.kill()
+        stop.set()
+        sampler.join()
     assert launcher.returncode == 0, err
+    assert seen <= {"WAITING", "PENDING", "RUNNING", "REQUEUED", "COMPLETED"}, seen  # never shown as failed
     task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
     result = task["result"]
     assert result["digest"] == expected_digest(STEPS)  # same as a run that never stopped
     assert result["attempt"] == 2 and 0 < result["resumed_from"] < STEPS
     # only the steps after the signal checkpoint ran in the second attempt: nothing redone
     assert result["steps_run_here"] == STEPS - result["resumed_from"]
-    history = subprocess.run(
-        ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    deadline = time.monotonic() + 30  # the result file comes before slurmdbd records the job's end
+    while True:
+        history = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", "State"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        if history[-1:] != ["RUNNING"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert history[-1] == "COMPLETED" and "REQUEUED" in history, history
     # the job's own requeue went through the action gate: decision and outcome, with evidence
     records = [json.loads(x) for x in (sweep / "audit.jsonl").read_text().splitlines()]
