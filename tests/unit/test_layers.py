@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     # environment schema, the stop flag
     ("slurmagent.runtime.checkpoint", "slurmagent.runtime.env", "slurmagent.runtime.signals"),
     ("slurmagent.safety",),
-    ("slurmagent.recovery",),
+    ("slurmagent.recovery", "slurmagent.hpo"),
     ("slurmagent.skills",),
     ("slurmagent.runtime",),
     ("slurmagent.job",),
