@@ -1,15 +1,19 @@
-"""Shared fixtures: the real test cluster, hostile paths, the project root.
+"""Shared fixtures: the real test cluster, the test PostgreSQL, hostile paths, the project root.
 
 `slurm` tests need the private Slurm cluster that tests/cluster/slurm-cluster starts.
 Outside CI they skip with one line when it cannot come up; under CI=true a skipped
 `slurm` test fails the run, so a green CI means they really ran against Slurm.
+`postgres` tests (the HPO study storage) need the private PostgreSQL that tests/pg-server
+starts, the same way.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "tests" / "cluster" / "slurm-cluster"
+PG_SCRIPT = ROOT / "tests" / "pg-server"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -44,6 +49,54 @@ def slurm_conf() -> Iterator[str]:
         os.environ["SLURM_CONF"] = old
 
 
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The test PostgreSQL's URL (a SQLAlchemy URL whose role may create databases):
+    $SLURMAGENT_TEST_PG (tests/run exports it), else from `tests/pg-server up` (which starts
+    the server when needed). This database is shared by every test and worker: a test that
+    writes should take `postgres_db`, its own database, instead."""
+    url = os.environ.get("SLURMAGENT_TEST_PG")
+    if not url:
+        proc = subprocess.run([sys.executable, str(PG_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
+        prefix = "SLURMAGENT_TEST_PG="
+        url = next((ln[len(prefix) :] for ln in proc.stdout.splitlines() if ln.startswith(prefix)), None)
+        if proc.returncode != 0 or url is None:
+            reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            if IN_CI:
+                pytest.fail(f"test PostgreSQL did not come up under CI: {reason}")
+            pytest.skip(f"no test PostgreSQL: {reason}")
+    # the driver the URL names (postgresql+psycopg2://…; a bare postgresql:// means psycopg2)
+    driver = url.split("://", 1)[0].partition("+")[2] or "psycopg2"
+    if importlib.util.find_spec(driver) is None:
+        reason = f"the PostgreSQL driver {driver} is not installed (pip install -e '.[dev]')"
+        if IN_CI:
+            pytest.fail(f"{reason} under CI")
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture()
+def postgres_db(postgres_url: str) -> Iterator[str]:
+    """A fresh, empty database on the test PostgreSQL for this test alone; yields its URL.
+    Created by the tests' role (it owns it), dropped after the test even while connections
+    are left open (DROP DATABASE … WITH (FORCE) ends them, e.g. an Optuna storage's pool).
+    A killed run leaves its `slurmagent_t_*` databases behind; they harm nothing."""
+    import sqlalchemy  # optuna's dependency; imported here to keep other tests' start quick
+
+    name = f"slurmagent_t_{uuid.uuid4().hex[:16]}"
+    admin = sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield sqlalchemy.make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()
+
+
 @pytest.fixture(autouse=True)
 def _only_slurm_tests_see_the_cluster(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test not marked `slurm` runs as on a laptop: it never submits to the shared test
@@ -68,11 +121,12 @@ def weird_tmp_path(tmp_path: Path) -> Path:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    """Under CI=true a skipped `slurm` test is a failure: the cluster must really be there."""
+    """Under CI=true a skipped `slurm` (or `browser`, `postgres`) test is a failure: the
+    cluster (the browser, the database) must really be there."""
     del call
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
-    needs = [m for m in ("slurm", "browser") if item.get_closest_marker(m) is not None]
+    needs = [m for m in ("slurm", "browser", "postgres") if item.get_closest_marker(m) is not None]
     if IN_CI and report.skipped and needs:
         report.outcome = "failed"
         report.longrepr = f"{needs[0]} test skipped under CI=true, which is not allowed: {report.longrepr}"
