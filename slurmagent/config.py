@@ -159,6 +159,80 @@ class SweeperConf:
     params: dict[str, str] | None = None  # sweep parameters in config, as for Hydra's basic sweeper
 
 
+@dataclass(frozen=True)
+class HpoSweeperConf:
+    """`hydra/sweeper=slurmagent_hpo`: an adaptive search instead of a grid. Its settings are
+    the `hpo` group (HpoConf), so that trials see them too."""
+
+    _target_: str = "hydra_plugins.slurmagent_launcher.hpo_sweeper.SlurmAgentHpoSweeper"
+
+
+@dataclass(frozen=True)
+class HpoBudget:
+    """When the search stops asking for trials (the running ones finish); at least one is set."""
+
+    epochs: int = 0  # fidelity units in all trials together (a promotion pays only what it adds); 0 = no limit
+    trials: int = 0  # new trials; 0 = no limit
+    wall_time: str = ""  # Slurm time syntax (2:00:00, 1-0); "" = no limit
+
+
+@dataclass(frozen=True)
+class HpoFidelity:
+    """The fidelity: what a trial is trained for, in units the training reports (epochs)."""
+
+    key: str = "train.epochs"  # the config key that sets a full training's length; every trial gets `max`
+    max: int = 27  # a full training
+    min: int = 1  # the lowest rung
+    eta: int = 3  # reduction factor: rungs min·eta^k; the best 1/eta of a rung continue to the next
+
+
+@dataclass(frozen=True)
+class HpoConf:
+    """The `hpo` group: the study the HPO sweeper runs (slurmagent/hpo, docs/hpo.md)."""
+
+    objective: str = "val_error"  # the metric the training reports once per fidelity unit
+    direction: str = "minimize"  # minimize | maximize
+    budget: HpoBudget = field(default_factory=HpoBudget)
+    max_parallel: int = 4  # trials running at once
+    fidelity: HpoFidelity = field(default_factory=HpoFidelity)
+    seed: int = 0
+    storage: str = ""  # "" = a journal file in the sweep directory; journal:PATH; a database URL
+    study_name: str = ""  # "" = the sweep directory's name
+    explore: int = 0  # new trials from the quasi-random design before the model; 0 = 2 per parameter (≥ 6)
+    conditions: dict[str, Any] = field(default_factory=dict)  # child key → {parent key: [values]}
+    # set by the sweeper in each trial: stop at this fidelity, checkpointed (0 = run to the end)
+    stop_at: int = 0
+    trial: int = -1  # the trial's id (-1: not a trial)
+
+
+HPO_DIRECTIONS = ("minimize", "maximize")
+
+
+def hpo_conf(data: Mapping[str, Any] | None) -> HpoConf:
+    """The `hpo` group from plain data, checked: errors name the key and the valid values."""
+    raw = dict(data or {})
+    budget = parse_conf(HpoBudget, raw.pop("budget", None), "hpo.budget")
+    fidelity = parse_conf(HpoFidelity, raw.pop("fidelity", None), "hpo.fidelity")
+    conf = dataclasses.replace(parse_conf(HpoConf, raw, "hpo"), budget=budget, fidelity=fidelity)
+    if conf.direction not in HPO_DIRECTIONS:
+        raise ConfigError(f"hpo.direction={conf.direction!r} is not one of {choices(HPO_DIRECTIONS)}")
+    if not conf.objective:
+        raise ConfigError("hpo.objective is empty: name the metric the training reports (e.g. val_error)")
+    if conf.max_parallel < 1:
+        raise ConfigError(f"hpo.max_parallel={conf.max_parallel}: at least 1")
+    if fidelity.eta < 2 or not 1 <= fidelity.min <= fidelity.max:
+        raise ConfigError(
+            f"hpo.fidelity: need eta ≥ 2 and 1 ≤ min ≤ max (eta={fidelity.eta}, min={fidelity.min}, max={fidelity.max})"
+        )
+    if budget.epochs < 0 or budget.trials < 0:
+        raise ConfigError("hpo.budget.epochs and hpo.budget.trials count up from 0 (0 = no limit)")
+    if budget.wall_time:
+        slurm_time_to_seconds(budget.wall_time)  # a clear error for a bad time
+    if not (budget.epochs or budget.trials or budget.wall_time):
+        raise ConfigError("hpo.budget: set at least one of hpo.budget.epochs, hpo.budget.trials, hpo.budget.wall_time")
+    return conf
+
+
 T = TypeVar("T")
 
 
@@ -380,10 +454,18 @@ SPEC_NODE = "slurmagent/spec"  # put `- slurmagent/spec` in a defaults list to g
 def _typed(cls: type[Any]) -> Any:
     """A dataclass as a Hydra config node: typed and closed to unknown keys, but writable
     (OmegaConf makes frozen dataclasses read-only, which would refuse every override)."""
-    from omegaconf import OmegaConf
+    from omegaconf import DictConfig, OmegaConf
+
+    def writable(n: Any) -> None:  # nested frozen dataclasses (hpo.budget, hpo.fidelity) carry their own flag
+        OmegaConf.set_readonly(n, False)
+        if isinstance(n, DictConfig):
+            for key in n:
+                child = n._get_node(key)
+                if isinstance(child, DictConfig):
+                    writable(child)
 
     node = OmegaConf.structured(cls)
-    OmegaConf.set_readonly(node, False)
+    writable(node)
     return node
 
 
@@ -396,11 +478,12 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     groups = {"resources": ResourcesConf, "checkpoint": CheckpointConf, "recovery": RecoveryConf}
     spec: dict[str, Any] = {"cluster": "auto", **{k: _typed(v) for k, v in groups.items()}}
-    spec.update(task=_typed(TaskConf), health=_typed(HealthConf), site=_typed(SiteConf))
+    spec.update(task=_typed(TaskConf), health=_typed(HealthConf), site=_typed(SiteConf), hpo=_typed(HpoConf))
     group, name = SPEC_NODE.split("/")
     store.store(group=group, name=name, node=spec, package="_global_", provider="slurmagent")
     store.store(group="hydra/launcher", name="slurmagent", node=_typed(LauncherConf), provider="slurmagent")
     store.store(group="hydra/sweeper", name="slurmagent", node=_typed(SweeperConf), provider="slurmagent")
+    store.store(group="hydra/sweeper", name="slurmagent_hpo", node=_typed(HpoSweeperConf), provider="slurmagent")
 
 
 def config_error(exc: BaseException) -> ConfigError | None:

@@ -48,7 +48,8 @@ def task_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
             continue
         for name, value in rec.items():
-            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            # the step and the epoch are axes, not metrics (an epoch's line marks where its values were taken)
+            if name not in ("step", "epoch") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 by_name.setdefault(name, {})[rec["step"]] = float(value)
     return {name: sorted(points.items()) for name, points in by_name.items()}
 

@@ -51,15 +51,29 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     model = build_model(int(cfg.model.width), int(cfg.model.depth))
     opt = torch.optim.Adam(model.parameters(), lr=float(cfg.optim.lr), weight_decay=float(cfg.optim.weight_decay))
-    steps = int(cfg.train.steps)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     batches = ResumableBatches(len(x_train), int(cfg.train.batch_size), seed=seed)
+    # train.epochs (the search's fidelity, hpo.fidelity.key) or train.steps sets the schedule's length
+    epochs, per_epoch = int(cfg.train.get("epochs", 0) or 0), batches.per_epoch
+    steps = epochs * per_epoch if epochs else int(cfg.train.steps)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     state = TorchState(model, opt, sched, batches)
     ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
     ctx = current()
     step_delay = float(cfg.train.get("step_delay_s", 0.0))
-    loop = StepLoop(ctx, state, total_steps=steps, conf=ck)
+    # a search trial stops at its rung (hpo.stop_at epochs), checkpointed; a promotion resumes there
+    loop = StepLoop(ctx, state, total_steps=steps, conf=ck, steps_per_unit=per_epoch)
     loss_fn = torch.nn.CrossEntropyLoss()
+
+    def val_acc() -> float:
+        """Validation accuracy; NaN once the weights are not finite (a diverged run: the search ranks it last)."""
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            return float("nan")
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(x_val).argmax(1) == y_val).float().mean().item())
+        model.train()
+        return acc
+
     for step in loop:
         idx = batches.indices(step)
         model.train()
@@ -69,15 +83,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         opt.step()
         sched.step()
         loop.report(loss=loss.item())
+        if (step + 1) % per_epoch == 0:  # an epoch ends: the validation error, the search's objective
+            acc = val_acc()
+            loop.report(epoch=(step + 1) // per_epoch, val_error=round(1 - acc, 6), val_acc=round(acc, 6))
         if step_delay:
             import time
 
             time.sleep(step_delay)  # lets tests and benchmarks preempt a run mid-way
-    model.eval()
-    with torch.no_grad():
-        acc = (model(x_val).argmax(1) == y_val).float().mean().item()
+    acc = val_acc()
     result = {
         "val_acc": round(acc, 6),
+        "val_error": round(1 - acc, 6),
+        "epoch": loop.step // per_epoch,
         "loss": round(loop.metrics.get("loss", float("nan")), 6),
         "steps": steps,
         "resumed_from": loop.restored_from,

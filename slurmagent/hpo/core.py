@@ -126,20 +126,33 @@ class Optimizer:
 
     # -- the interface ----------------------------------------------------------------------
     def ask(self) -> Ask:
+        out = self.ask_within()
+        assert out is not None  # new trials allowed, no cost bound: there is always one
+        return out
+
+    def ask_within(self, max_cost: float = math.inf, new_trials: bool = True) -> Ask | None:
+        """`ask()` under a budget: a promotion whose added fidelity is at most `max_cost`,
+        else (when `new_trials`) a new trial whose first rung is; None when neither fits."""
         promotion = self._promotion()
         if promotion is not None:
             info, rung = promotion
-            info.promoted_from.add(rung)
-            info.target, info.running = self.rungs[rung + 1], True
-            self._save_attrs(info)
-            return Ask(info.trial, dict(info.params), info.target, info.trial, rung + 1)
+            if self.rungs[rung + 1] - self.rungs[rung] <= max_cost:
+                info.promoted_from.add(rung)
+                info.target, info.running = self.rungs[rung + 1], True
+                self._save_attrs(info)
+                return Ask(info.trial, dict(info.params), info.target, info.trial, rung + 1)
+        late = self.late_start and len(self.rungs) > 2 and self._new % self.late_start == self.late_start - 1
+        start = 1 if late else 0
+        if not new_trials or self.rungs[start] > max_cost:
+            return None
         params = self._explore() if self._new < self.n_explore else self._focus()
-        start = (
-            1 if self.late_start and len(self.rungs) > 2 and self._new % self.late_start == self.late_start - 1 else 0
-        )
         self._new += 1
         number = self._create(params, self.rungs[start])
         return Ask(number, params, self.rungs[start], None, start)
+
+    def spent(self) -> int:
+        """Fidelity units asked for so far, all trials together (a promotion adds only its difference)."""
+        return sum(t.target for t in self.trials.values())
 
     def tell(self, trial: int, curve: Mapping[int, float]) -> None:
         """The metric at each fidelity the trial reached (all of them so far, or the new ones)."""
@@ -313,8 +326,7 @@ class Optimizer:
                 else:
                     info.failed = reason
             self.trials[ft.number] = info
-            if not info.promoted_from:
-                self._new += 1
+            self._new += 1  # every trial was once a new one (the design's index goes on from here)
             for rung, fidelity in enumerate(self.rungs):
                 if fidelity in info.curve:
                     self._model(rung).add(info, self._rung_value(info, fidelity))

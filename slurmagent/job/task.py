@@ -23,7 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from slurmagent.config import JobSpec, job_spec, resolve_target, spec_dict
@@ -62,6 +62,9 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
     spec = job_spec(spec_dict(cfg), require_task=require_task)
     slurm = SlurmCLI()
     ctx = build_context(spec)
+    stop_at = OmegaConf.select(cfg, "hpo.stop_at", default=0)  # a search trial's rung (the HPO sweeper sets it)
+    if isinstance(stop_at, int) and stop_at > 0:
+        ctx = replace(ctx, stop_at=stop_at)
     previous: dict[int, Any] = {}
     if spec.task.command is None and ctx.backend in ("slurm", "local"):
         flag = StopFlag()

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -79,6 +80,18 @@ def check_importable(target: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A sweep that passed every check: nothing submitted yet."""
+
+    conf: LauncherConf
+    console: Console
+    sweep_dir: Path
+    specs: list[JobSpec]
+    backend: str
+    max_array: int
+
+
 class ArrayLauncher:
     """What `hydra/launcher=slurmagent` runs (the Hydra plugin class is a thin shim in
     hydra_plugins/slurmagent_launcher that imports this when a sweep is launched)."""
@@ -116,7 +129,10 @@ class ArrayLauncher:
             specs.append(cache[key])
         return specs
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    # -- step 1: check everything; step 2: the sweep on disk (HPO's sweeper uses both) ------
+    def check(self, job_overrides: Sequence[Sequence[str]]) -> Checked:
+        """Compose and validate every task's spec and check it against the cluster. Any error:
+        a ConfigError, nothing submitted."""
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
@@ -124,7 +140,6 @@ class ArrayLauncher:
         conf = parse_conf(LauncherConf, {k: v for k, v in self.params.items()}, "hydra.launcher")
         validate_launcher(conf)
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
-
         specs = self._specs(job_overrides)
         # config_validator skill: keys/ranges, experience rules, GPU memory; errors → nothing submitted
         from slurmagent.skills.config_validator import validate_sweep
@@ -175,7 +190,21 @@ class ArrayLauncher:
                     )
         max_array = max_array or 1001
 
-        # -- step 2: context + submission ----------------------------------------------
+        return Checked(conf, console, sweep_dir, specs, backend, max_array)
+
+    def open_sweep(
+        self, checked: Checked, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> tuple[SweepStore, list[TaskRecord], dict[str, str]]:
+        """Pickle the sweep's context and put the tasks in sweep.json as WAITING (creating the
+        sweep, or adding a batch to it); (the store, the new tasks, spec key → spec id)."""
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        conf, sweep_dir, specs, backend, max_array = (
+            checked.conf,
+            checked.sweep_dir,
+            checked.specs,
+            checked.backend,
+            checked.max_array,
+        )
         sweep_dir.mkdir(parents=True, exist_ok=True)
         folder = sweep_dir / ".submitit"
         config = copy.deepcopy(self.config)
@@ -184,14 +213,17 @@ class ArrayLauncher:
         ctx_path = sweep_dir / ".slurmagent" / f"context-{initial_job_idx}.pkl"
         write_context(ctx_path, self.hydra_context, self.task_function, config, Singleton.get_state())
         name = self._job_name()
+        # no job_overrides: an empty sweep with the checked specs (a search adds its trials later)
         records = [
             TaskRecord(initial_job_idx + i, list(overrides), state=WAITING, spec_id=spec_key(spec))
-            for i, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=True))
+            for i, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=bool(job_overrides)))
         ]
         distinct = {spec_key(s): s for s in specs}
 
+        ids: dict[str, str] = {}
+
         def add(state: SweepState) -> None:
-            ids = {key: state.add_spec(dataclasses.asdict(spec)) for key, spec in distinct.items()}
+            ids.update({key: state.add_spec(dataclasses.asdict(spec)) for key, spec in distinct.items()})
             for r in records:
                 r.spec_id = ids[r.spec_id]
             state.tasks.extend(records)
@@ -209,6 +241,24 @@ class ArrayLauncher:
             new.launcher, new.job_name, new.site = dataclasses.asdict(conf), name, dataclasses.asdict(site)
             add(new)
             store.create(new)
+        return store, records, ids
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        checked = self.check(job_overrides)
+        store, records, _ = self.open_sweep(checked, job_overrides, initial_job_idx)
+        out = self.submit_and_supervise(checked, store)
+        if out is None:  # detached
+            return [self._detached_return(task) for task in records]
+        state, results = out
+        mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
+        return [self._job_return(task, results.get(task.index)) for task in state.tasks if task.index in mine]
+
+    # -- step 3: submit, then supervise here or detach -------------------------------------
+    def submit_and_supervise(self, checked: Checked, store: SweepStore) -> tuple[SweepState, dict[int, Any]] | None:
+        """Submit the sweep's WAITING tasks, then supervise to the end (the final state and the
+        tasks' raw returns) or, detached, hand the sweep to a supervisor and return None."""
+        conf, console, sweep_dir, specs = checked.conf, checked.console, checked.sweep_dir, checked.specs
+        backend, max_array = checked.backend, checked.max_array
         t0 = time.monotonic()
         submitter = SubmititSubmitter(self.slurm)
         with store.edit() as state:
@@ -236,13 +286,11 @@ class ArrayLauncher:
                 "cancelled (hydra.launcher.on_refusal=cancel)"
             )
 
-        mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
         if conf.detach:
             where = start_detached(store.load(), conf, self.slurm, specs[0].resources.account)
             self._print_follow(console, sweep_dir, f"detached: the sweep is supervised by {where}")
-            return [self._detached_return(task) for task in records]
+            return None
 
-        # -- step 3: supervise ---------------------------------------------------------
         sup = Supervisor(
             sweep_dir,
             self.slurm,
@@ -261,7 +309,7 @@ class ArrayLauncher:
                 f"Slurm refused {report.refused_tasks} task(s): {report.refused}; the tasks it accepted were "
                 "supervised to the end (hydra.launcher.on_refusal=leave)"
             )
-        return [self._job_return(task, sup.results.get(task.index)) for task in state.tasks if task.index in mine]
+        return state, sup.results
 
     def _interrupted(self, store: SweepStore, conf: LauncherConf, console: Console, account: str | None) -> NoReturn:
         """Ctrl-C while attached: leave the sweep to a detached supervisor, or cancel it. On a

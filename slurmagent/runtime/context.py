@@ -41,6 +41,7 @@ class JobContext:
     resources: dict[str, Any] = field(default_factory=dict)  # the resources the task asked for
     checkpoint: CheckpointConf = field(default_factory=CheckpointConf)  # the job's checkpoint policy
     health: HealthConf = field(default_factory=HealthConf)  # the job's runtime health checks
+    stop_at: int = 0  # a search trial's rung: stop there, checkpointed (hpo.stop_at; 0 = run to the end)
     # the job wrapper's stop signals (slurmagent.job), handed to the step loop; None outside one
     signals: StopSignals | None = field(default=None, compare=False, repr=False)
 
@@ -63,6 +64,8 @@ class JobContext:
             JobEnv.CHECKPOINT: json.dumps(asdict(self.checkpoint), sort_keys=True),
             JobEnv.HEALTH: json.dumps(asdict(self.health), sort_keys=True),
         }
+        if self.stop_at:
+            env[JobEnv.STOP_AT] = str(self.stop_at)
         if self.sweep_dir is not None:
             env[JobEnv.SWEEP_DIR] = str(self.sweep_dir)
         if self.job_id:
@@ -134,6 +137,7 @@ def context_from_env(
         resources=resources if isinstance(resources, dict) else {},
         checkpoint=_json_conf(env, JobEnv.CHECKPOINT, CheckpointConf),
         health=_json_conf(env, JobEnv.HEALTH, HealthConf),
+        stop_at=_int(env, JobEnv.STOP_AT, 0),
     )
 
 

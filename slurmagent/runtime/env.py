@@ -21,6 +21,7 @@ class JobEnv(StrEnum):
     RESOURCES = "SLURMAGENT_RESOURCES"  # JSON: the resources the task runs with (resources.*)
     CHECKPOINT = "SLURMAGENT_CHECKPOINT"  # JSON: the checkpoint policy (checkpoint.*), StepLoop's default
     HEALTH = "SLURMAGENT_HEALTH"  # JSON: runtime health checks (health.*)
+    STOP_AT = "SLURMAGENT_STOP_AT"  # a search trial's rung, in fidelity units (hpo.stop_at); unset: to the end
 
 
 class TaskFile(StrEnum):

@@ -124,6 +124,11 @@ class StepLoop:
     to the job's own (`ctx.checkpoint`, `ctx.health`: the job spec's `checkpoint.*`, `health.*`).
     Inside a slurmagent job the stop signals are the job's (`ctx.signals`, owned since the job
     started); elsewhere the loop installs its own handlers while it runs.
+
+    A trial of a hyperparameter search runs to a rung and stops there: give `steps_per_unit`
+    (the steps of one fidelity unit, e.g. one epoch) and, when the job's `hpo.stop_at` is set
+    (`ctx.stop_at`), the loop ends after `stop_at × steps_per_unit` steps with a checkpoint, so
+    that a promotion resumes from it exactly; the schedule still spans `total_steps`.
     """
 
     def __init__(
@@ -138,10 +143,14 @@ class StepLoop:
         is_writer: bool | None = None,
         grace: GraceFn | None = None,
         health: HealthMonitor | None = None,
+        steps_per_unit: int | None = None,
     ) -> None:
         self.ctx = ctx
         self.state = state
         self.total_steps = total_steps
+        # where this run ends: a trial's rung (hpo.stop_at units), else the whole schedule
+        rung = ctx.stop_at * steps_per_unit if ctx.stop_at and steps_per_unit else total_steps
+        self.end_step = min(total_steps, rung)
         self.conf = conf or ctx.checkpoint
         self.manager = CheckpointManager(ctx.checkpoint_dir, keep_last=self.conf.keep_last)
         self._owned = ctx.signals is not None  # the job wrapper owns the signals and the flag
@@ -276,7 +285,7 @@ class StepLoop:
         rate = (done - self.start_step) / elapsed if elapsed > 0 and done > self.start_step else None
         body = {
             "step": done,
-            "total_steps": self.total_steps,
+            "total_steps": self.end_step,
             "start_step": self.start_step,
             "steps_per_s": rate,
             "metrics": self.metrics,
@@ -306,12 +315,12 @@ class StepLoop:
                 self.manager.prepare(self.state.state_dict())  # snapshot memory, allocated in the background
             if agree_stop(self.flag.set):  # stopped before the first step: nothing new to save
                 raise StopForRequeue(int(self.flag.signum or 0), self.start_step, tuple(self.flag.history))
-            for step in range(self.start_step, self.total_steps):
+            for step in range(self.start_step, self.end_step):
                 self.step = step
                 yield step
                 done = step + 1
                 sick = self.health is not None and self.health.check(done)  # runtime health (health_stop.json)
-                due = done < self.total_steps and self._due(done)
+                due = done < self.end_step and self._due(done)
                 stop, sick, due = agree(self.flag.set, sick, due)
                 if sick:  # a rank's node is CRITICAL: every rank checkpoints and stops for requeue
                     self.save(done)
@@ -323,9 +332,9 @@ class StepLoop:
                     raise StopForRequeue(int(self.flag.signum or 0), resume_at, tuple(self.flag.history))
                 if due:
                     self.save(done, background=True)
-            self.step = self.total_steps
-            if self.total_steps > self.start_step or self.restored_from is None:
-                self.save(self.total_steps)
+            self.step = max(self.end_step, self.start_step)
+            if self.end_step > self.start_step or self.restored_from is None:
+                self.save(self.step)  # the end of the schedule, or the rung a promotion resumes from
             if self.is_writer and self._metrics_file is not None:
                 self._progress(force=True)
         finally:

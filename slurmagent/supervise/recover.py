@@ -125,7 +125,7 @@ class Recoverer:
         spec = job_spec(state.spec_of(task), require_task=False)
         step = plan(
             spec,
-            len(task.attempts),
+            task.stage_attempts,
             diag,
             attempt.nodes,
             self.cluster(state),

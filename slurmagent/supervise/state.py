@@ -46,6 +46,8 @@ class TaskRecord:
     error: str = ""  # failure summary: state, reason, last stderr lines
     spec_id: str = ""  # its latest attempt's JobSpec: a key of SweepState.specs (shared by tasks alike)
     diagnosis: dict[str, Any] | None = None  # the last failure's diagnosis (recovery/diagnose.py)
+    stage_start: int = 0  # attempts before this stage (a search trial's promotion starts a new stage)
+    promotions: int = 0  # a search trial's promotions (each a new attempt that is not a retry)
 
     @property
     def job_id(self) -> str | None:
@@ -54,6 +56,11 @@ class TaskRecord:
     @property
     def done(self) -> bool:
         return self.state in DONE_STATES
+
+    @property
+    def stage_attempts(self) -> int:
+        """Attempts of this stage: what recovery.max_attempts bounds (a promotion is not a retry)."""
+        return len(self.attempts) - self.stage_start
 
 
 @dataclass

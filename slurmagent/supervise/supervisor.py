@@ -11,7 +11,7 @@ import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -24,7 +24,10 @@ from slurmagent.supervise.lead import Lead
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.submission import RETRY_LIMIT_AFTER_S, WAITING, Submitter, submit_waiting
-from slurmagent.supervise.views import summary_line, sweep_table, terminal
+from slurmagent.supervise.views import STUDY_SETTINGS, summary_line, sweep_table, terminal
+
+if TYPE_CHECKING:
+    from slurmagent.supervise.study import StudyDriver
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,12 @@ class Supervisor:
         self.results: dict[int, Any] = {}  # index → raw return (JobReturn) read from pickles
         self.submit = submit
         self.recoverer = Recoverer(self.store.dir, self.slurm, submit, self.store.write)
+        # a search (hydra/sweeper=slurmagent_hpo): its driver runs in every poll of whoever leads
+        self.study: StudyDriver | None = None
+        if (self.store.dir / STUDY_SETTINGS).exists():  # optuna is imported only for a search
+            from slurmagent.supervise.study import StudyDriver
+
+            self.study = StudyDriver.open(self.store.dir)
         self._last_submit_try = -float("inf")  # monotonic time of the last try at WAITING tasks
 
     # -- one poll ---------------------------------------------------------------
@@ -146,12 +155,17 @@ class Supervisor:
                 ended += task.done
                 if task.done and task.state != "COMPLETED":
                     self.recoverer.handle(state, task)  # may resubmit it as its next attempt
+            if self.study is not None:  # results told, promotions and new trials added as WAITING
+                asked = self.study.step(state, {int(k) for k in self.recoverer.held()})
+                changed |= asked
+                ended += asked
             changed |= self._submit_waiting(state, ended)
         return changed
 
     def _submit_waiting(self, state: SweepState, ended: int) -> bool:
         """Tasks a submit limit held back (or a killed launcher never submitted) are
-        submitted when tasks have ended, else at most every RETRY_LIMIT_AFTER_S."""
+        submitted when tasks have ended (or a search added some), else at most every
+        RETRY_LIMIT_AFTER_S."""
         if self.submit is None or not any(t.state == WAITING for t in state.tasks):
             return False
         now = time.monotonic()

@@ -32,16 +32,37 @@ def task_dir(state: SweepState, task: TaskRecord) -> Path:
     return Path(state.sweep_dir) / str(task.index)
 
 
+# a search's files (supervise/study.py writes them; status, results and report read them)
+STUDY_SETTINGS = "hpo/settings.json"
+STUDY_TRIALS = "hpo/trials.json"
+STUDY_BEST = "hpo/best.json"
+
+
+def load_trials(sweep_dir: str | Path) -> dict[str, Any] | None:
+    """SWEEP/hpo/trials.json as the study's driver last wrote it; None when the sweep is not a search."""
+    path = Path(sweep_dir) / STUDY_TRIALS
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        from slurmagent.errors import SweepStateError
+
+        raise SweepStateError(f"{path} is not valid JSON: {exc}") from None
+    return raw if isinstance(raw, dict) else None
+
+
 def runs(task: TaskRecord) -> int:
     """How many times Slurm ran the task: every attempt (a submission) and its requeues."""
     return sum(a.restarts + 1 for a in task.attempts) if task.attempts else 0
 
 
 def runs_text(task: TaskRecord) -> str:
-    """`1`, `3 (2 requeued)`, `2 (1 resubmitted)`, `4 (1 resubmitted, 2 requeued)`."""
-    total, resubmitted = runs(task), max(0, len(task.attempts) - 1)
+    """`1`, `3 (2 requeued)`, `2 (1 resubmitted)`, `4 (1 resubmitted, 2 requeued)`, `3 (2 promoted)`."""
+    total, resubmitted = runs(task), max(0, len(task.attempts) - 1 - task.promotions)
     requeued = total - len(task.attempts)
-    notes = [f"{n} {what}" for n, what in ((resubmitted, "resubmitted"), (requeued, "requeued")) if n]
+    counts = ((task.promotions, "promoted"), (resubmitted, "resubmitted"), (requeued, "requeued"))
+    notes = [f"{n} {what}" for n, what in counts if n]
     return f"{total} ({', '.join(notes)})" if notes else str(total)
 
 
@@ -95,6 +116,28 @@ def summary_line(state: SweepState) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {len(state.tasks)})"
 
 
+def study_line(sweep_dir: str | Path) -> str:
+    """A search's state in one line: trials by state, epochs asked of the budget, the best so far."""
+    trials = load_trials(sweep_dir)
+    if trials is None:
+        return ""
+    rows = trials.get("trials", [])
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    budget = trials.get("budget", {})
+    of = f" of {budget['epochs']}" if budget.get("epochs") else ""
+    line = f"search: {len(rows)} trial(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
+    line += f"{trials.get('spent_epochs', 0)}{of} epoch(s) asked"
+    finite = [r for r in rows if r.get("value") is not None and r.get("epochs")]
+    if finite:
+        top = max(r["epochs"] for r in finite)
+        pick = min if trials.get("direction") == "minimize" else max
+        best = pick((r for r in finite if r["epochs"] == top), key=lambda r: r["value"])
+        line += f"; best {trials.get('objective')}={best['value']:.6g} (trial {best['trial']}, {top} epoch(s))"
+    return line + ("; finished" if trials.get("finished") else "")
+
+
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -127,6 +170,9 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
         cells = (str(t.index), t.job_id or "-", t.state, runs_text(t), " ".join(varying(t.overrides)), detail)
         table.add_row(*(Text(c) for c in cells))
     captions = [f"logs: slurmagent logs {state.sweep_dir} TASK"]
+    study = study_line(state.sweep_dir)
+    if study:
+        captions.insert(0, study)
     if state.held_back:
         waiting = sum(t.state == "WAITING" for t in state.tasks)
         captions.insert(0, f"{waiting} task(s) wait: {state.held_back}; submitted as earlier ones end")
@@ -181,6 +227,40 @@ def result_rows(state: SweepState, sort: str | None = None, descending: bool = F
     """One row per task: index, state, runs, the varying overrides, the result's values (a
     result that is a mapping gives one column per key), and the error's first line. Sorted by
     a column when asked; rows without it come last."""
+    trials = load_trials(state.sweep_dir)
+    rows = trial_rows(state, trials) if trials is not None else task_rows(state)
+    if sort:
+        known = sorted({k for r in rows for k in r})
+        if sort not in known:
+            from slurmagent.errors import ConfigError, choices
+
+            raise ConfigError(f"--sort {sort!r} is not a column of these results; columns: {choices(known)}")
+        present = [r for r in rows if isinstance(r.get(sort), (int, float, str)) and not isinstance(r[sort], bool)]
+        missing = [r for r in rows if r not in present]
+        present.sort(key=lambda r: (isinstance(r[sort], str), r[sort]), reverse=descending)
+        rows = present + missing
+    return rows
+
+
+def trial_rows(state: SweepState, trials: dict[str, Any]) -> list[dict[str, Any]]:
+    """A search's rows, one per trial: its parameters, the epochs it reached, the objective
+    there, its state (complete | stopped at a rung | running | waiting | failed | diverged)."""
+    objective = str(trials.get("objective", "objective"))
+    tasks = {t.index: t for t in state.tasks}
+    rows = []
+    for tr in trials.get("trials", []):
+        task = tasks.get(int(tr["trial"]))
+        row: dict[str, Any] = {"trial": tr["trial"], "state": tr["state"]}
+        row.update(tr.get("params", {}))
+        row.update({"epochs": tr["epochs"], objective: tr["value"], "promotions": tr["promotions"]})
+        row.update({"runs": runs(task) if task else 0, "job": (task.job_id if task else "") or ""})
+        if tr.get("reason"):
+            row["error"] = str(tr["reason"]).splitlines()[0]
+        rows.append(row)
+    return rows
+
+
+def task_rows(state: SweepState) -> list[dict[str, Any]]:
     params = varying_overrides(state)
     rows = []
     for t in state.tasks:
@@ -193,16 +273,6 @@ def result_rows(state: SweepState, sort: str | None = None, descending: bool = F
         if t.state != "COMPLETED" and t.error:
             row["error"] = t.error.splitlines()[0]
         rows.append(row)
-    if sort:
-        known = sorted({k for r in rows for k in r})
-        if sort not in known:
-            from slurmagent.errors import ConfigError, choices
-
-            raise ConfigError(f"--sort {sort!r} is not a column of these results; columns: {choices(known)}")
-        present = [r for r in rows if isinstance(r.get(sort), (int, float, str)) and not isinstance(r[sort], bool)]
-        missing = [r for r in rows if r not in present]
-        present.sort(key=lambda r: (isinstance(r[sort], str), r[sort]), reverse=descending)
-        rows = present + missing
     return rows
 
 

@@ -6,6 +6,7 @@ tests/slurm/; these run in seconds and need no cluster."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +40,13 @@ def slurmagent(fake: FakeSlurm, cwd: Path, *args: str, timeout: float = 240) -> 
     )
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """preexec_fn: SIGINT's default action in the child. A test run started in the background
+    by a script (`cmd &` without job control) ignores SIGINT, and children inherit that; a
+    launcher a person runs in a terminal has the default, which the Ctrl-C tests need."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(fake: FakeSlurm, cwd: Path, *args: str) -> subprocess.Popen[str]:
     """The same, in the background (a launcher that supervises while the test injects faults)."""
     return subprocess.Popen(
@@ -48,6 +56,7 @@ def start(fake: FakeSlurm, cwd: Path, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.slurm.fake import FakeSlurm
-from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state, wait_steps
+from tests.fake.conftest import ctrl_c_as_in_a_terminal, first_job_id, slurmagent, start, sweep_state, wait_steps
 
 SYNTHETIC = (
     "+experiment=synthetic",
@@ -190,6 +190,7 @@ def test_ctrl_c_on_a_terminal_asks_and_c_cancels(fake: FakeSlurm, tmp_path: Path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     os.close(slave)
     try:

@@ -92,7 +92,7 @@ def test_the_report_renders_in_a_real_browser(finished: tuple[FakeSlurm, Path, P
     assert made.returncode == 0, made.stderr
     page = sweep / "report" / "index.html"
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
-    assert pngs == ["loss.png"]
+    assert "loss.png" in pngs and set(pngs) <= {"loss.png", "val_acc.png", "val_error.png"}  # the epoch is an axis
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("no Chromium here (tests/run installs Debian's chromium)")
@@ -116,7 +116,8 @@ def test_the_report_renders_in_a_real_browser(finished: tuple[FakeSlurm, Path, P
         timeout=120,
     ).stdout
     # the page's own script counts the images the browser decoded: every plot rendered
-    assert 'data-images="1"' in dom and 'data-images-shown="1"' in dom, dom[:2000]
+    n = len(pngs)
+    assert f'data-images="{n}"' in dom and f'data-images-shown="{n}"' in dom, dom[:2000]
     assert "optim.lr" in dom and "val_acc" in dom  # the results table
 
 
@@ -132,7 +133,7 @@ def test_status_shows_progress_and_an_eta_while_a_task_runs(fake: FakeSlurm, tmp
             table = slurmagent(fake, tmp_path, "status", str(sweep), "--refresh").stdout
             row = next((line for line in table.splitlines() if line.startswith("│") and "RUNNING" in line), "")
             time.sleep(0.5)
-        assert re.search(r"step \d+/400 \(\d+%\) loss=[\d.]+ ETA \d+", row), row
+        assert re.search(r"step \d+/400 \(\d+%\) loss=[\d.]+ .*ETA \d+", row), row
         assert json.loads((sweep / "0" / "progress.json").read_text())["total_steps"] == 400
     finally:
         slurmagent(fake, tmp_path, "cancel", str(sweep))
