@@ -111,3 +111,35 @@ def test_every_other_python_block_runs(tmp_path: Path) -> None:
             timeout=120,
         )
         assert proc.returncode == 0, f"{code}\n{proc.stderr}"
+
+
+@pytest.mark.slow
+def test_the_search_command_runs_locally_on_a_small_budget(tmp_path: Path) -> None:
+    """The README's search command as written, with its budget cut to fit a test (the budget
+    and the fidelity replaced, nothing else) on the local backend: digits_mlp, real torch."""
+    block = next(b for b in blocks("bash") if "hydra/sweeper=slurmagent_hpo" in b)
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "slurmagent"] and "hpo.budget.epochs=600" in argv
+    small = {"hpo.budget.epochs=600": "hpo.budget.epochs=10", "hpo.max_parallel=6": "hpo.max_parallel=2"}
+    argv = [small.get(a, a) for a in argv]
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            *argv[1:],
+            "hpo.fidelity.max=3",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.poll_interval_s=0.5",
+        ],
+        cwd=tmp_path,
+        env=local_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "run it again: python -m slurmagent +experiment=digits_mlp" in proc.stdout + proc.stderr
+    trials = json.loads((sweep / "hpo" / "trials.json").read_text())
+    assert trials["finished"] and trials["spent_epochs"] <= 10 and trials["rungs"] == [1, 3]
+    best = json.loads((sweep / "hpo" / "best.json").read_text())
+    assert best["epochs"] == 3 and best["value"] < 0.5 and "model.width=" in best["reproduce"]
