@@ -252,6 +252,8 @@ class StudyDriver:
             "storage": describe(self.conf.storage, self.dir),
             "study_name": study_name(self.conf, self.dir),
             "finished": self.finished,
+            # each parameter's scale, for plots: log, linear, or choice
+            "space": {p.name: _scale(p.distribution) for p in self.space.params},
             "trials": rows,
         }
         atomic_write(self.dir / TRIALS, json.dumps(body, indent=1, allow_nan=True).encode())
@@ -273,6 +275,12 @@ class StudyDriver:
                 "finished": self.finished,
             }
             atomic_write(self.dir / BEST, json.dumps(entry, indent=1).encode())
+
+
+def _scale(dist: Any) -> str:
+    if hasattr(dist, "choices"):
+        return "choice"
+    return "log" if getattr(dist, "log", False) else "linear"
 
 
 def trial_row(info: TrialInfo, task: TaskRecord | None, opt: Optimizer) -> dict[str, Any]:
@@ -297,6 +305,7 @@ def trial_row(info: TrialInfo, task: TaskRecord | None, opt: Optimizer) -> dict[
         "curve": {str(k): (v if math.isfinite(v) else None) for k, v in sorted(info.curve.items())},
         "state": status,
         "promotions": len(info.promoted_from),
+        "promoted_at": [opt.rungs[r] for r in sorted(info.promoted_from)],  # the rungs it was promoted from
         "task_state": task.state if task is not None else "",
         "attempts": len(task.attempts) if task is not None else 0,
         "reason": info.failed,

@@ -265,7 +265,9 @@ class Supervisor:
                     elif state.counts() != last_counts:
                         self.console.print(f"[sweep] {summary_line(state)}", markup=False, highlight=False)
                     last_counts = state.counts()
-                    if state.done and not self.recoverer.has_held():
+                    # finished_at: set by the end of an edit that left every task done; a state
+                    # written mid-edit (a resubmission's intent, before its sbatch) is not the end
+                    if state.done and state.finished_at is not None and not self.recoverer.has_held():
                         break
                     if deadline is not None and time.monotonic() > deadline:
                         break

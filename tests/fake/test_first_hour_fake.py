@@ -8,8 +8,6 @@ import csv
 import io
 import json
 import re
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 import pytest
 
 from slurmagent.slurm.fake import FakeSlurm
-from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state, wait_steps
+from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state, wait_steps
 
 DIGITS = (
     "+experiment=digits_mlp",
@@ -93,28 +91,7 @@ def test_the_report_renders_in_a_real_browser(finished: tuple[FakeSlurm, Path, P
     page = sweep / "report" / "index.html"
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
     assert "loss.png" in pngs and set(pngs) <= {"loss.png", "val_acc.png", "val_error.png"}  # the epoch is an axis
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("no Chromium here (tests/run installs Debian's chromium)")
-    dom = subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={work / 'chromium-profile'}",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            page.absolute().as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
+    dom = browser_dom(page, work)
     # the page's own script counts the images the browser decoded: every plot rendered
     n = len(pngs)
     assert f'data-images="{n}"' in dom and f'data-images-shown="{n}"' in dom, dom[:2000]

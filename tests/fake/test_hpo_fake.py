@@ -6,6 +6,7 @@ runs the same in tests/slurm/test_hpo_slurm.py."""
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.slurm.fake import FakeSlurm
-from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state
+from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state
 
 SEARCH = (
     "+experiment=synthetic",
@@ -63,6 +64,18 @@ def test_a_search_promotes_by_resuming_and_lists_one_row_per_trial(fake: FakeSlu
     assert {r["state"] for r in rows} <= {"complete", "stopped"}
     status = slurmagent(fake, tmp_path, "status", str(sweep))
     assert "search: 7 trial(s)" in status.stdout and "finished" in status.stdout
+    # the report: the search's plots, every trial in a CSV, the command that reproduces the best
+    made = slurmagent(fake, tmp_path, "report", str(sweep))
+    assert made.returncode == 0, made.stderr
+    report = sweep / "report"
+    for name in ("history", "curves", "params", "parallel", "importance"):
+        assert (report / f"{name}.png").stat().st_size > 5000, name
+    assert len(list(csv.DictReader(io.StringIO((report / "trials.csv").read_text())))) == 7
+    dom = browser_dom(report / "index.html", tmp_path)
+    n = len(list(report.glob("*.png")))
+    assert f'data-images="{n}"' in dom and f'data-images-shown="{n}"' in dom, dom[:2000]
+    assert best["reproduce"] in html.unescape(dom)
+    assert "Run it again" in dom and 'src="curves.png"' in dom
 
 
 def test_a_preempted_trial_keeps_its_trial_and_a_killed_launcher_is_continued_by_watch(
