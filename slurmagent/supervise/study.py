@@ -261,7 +261,8 @@ class StudyDriver:
         if best is not None:
             fid = self.conf.fidelity
             plain = [o for o in self.space.overrides(best.params) if not o.lstrip("+~").startswith("hpo.")]
-            reproduce = [*self.settings.command, *plain, f"{fid.key}={fid.max}"]
+            # a one-task sweep (-m): it runs where the search ran, on Slurm or here
+            reproduce = [*self.settings.command, *plain, f"{fid.key}={fid.max}", "-m"]
             entry = {
                 "trial": best.trial,
                 "params": best.params,

@@ -189,3 +189,28 @@ def test_the_study_settings_must_match_a_continued_study(tmp_path: Path) -> None
 
     with pytest.raises(ConfigError, match="use another study"):
         StudyDriver(tmp_path, settings(fidelity={"key": "synthetic.epochs", "max": 27, "min": 1, "eta": 3}))
+
+
+def test_stale_is_not_failed_after_a_driver_restart(tmp_path: Path) -> None:
+    """While no driver ran, one trial's job completed, one failed for good and one still runs:
+    the next driver tells the first, fails the second with its cause, and leaves the third
+    alone (not failed, not asked again, not restarted)."""
+    s = settings(max_parallel=3, budget={"trials": 3})
+    driver = StudyDriver(tmp_path, s)
+    state = new_state(tmp_path)
+    driver.step(state)
+    done, failed, running = state.tasks
+    del driver  # the supervisor dies; the jobs go on
+    run(tmp_path, done)
+    run(tmp_path, failed, "OUT_OF_MEMORY")
+    failed.error = "OUT_OF_MEMORY: gave up after 3 attempt(s) (recovery.max_attempts=3)"
+    running.attempts.append(Attempt("300_0", time.time()))
+    running.state = "RUNNING"
+    again = StudyDriver(tmp_path, s)
+    again.step(state)
+    assert again.opt.trials[done.index].curve and not again.opt.trials[done.index].failed
+    assert again.opt.trials[failed.index].failed.startswith("OUT_OF_MEMORY: gave up")
+    info = again.opt.trials[running.index]
+    assert info.running and not info.failed and not info.curve
+    assert running.state == "RUNNING" and len(running.attempts) == 1  # not resubmitted, not re-asked
+    assert len(state.tasks) == 3  # the trial budget is spent: nothing new
