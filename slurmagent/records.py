@@ -22,7 +22,10 @@ __all__ = [
     "Verdict",
 ]
 
-ActionKind = Literal["requeue", "resubmit", "exclude_node", "cancel", "drain_node", "delete_checkpoint"]
+# the last two are the step loop's own (runtime/adapt.py): changes within the run, asked from inside it
+ActionKind = Literal[
+    "requeue", "resubmit", "exclude_node", "cancel", "drain_node", "delete_checkpoint", "decay_lr", "restart_schedule"
+]
 ACTION_KINDS: tuple[str, ...] = get_args(ActionKind)
 # what a policy rule may decide
 Verdict = Literal["allow", "needs_approval", "deny"]

@@ -21,6 +21,7 @@ from slurmagent.runtime.env import TaskFile
 from slurmagent.supervise.state import SweepState, SweepStore
 from slurmagent.supervise.views import (
     STUDY_BEST,
+    adapt_records,
     columns,
     load_trials,
     result_rows,
@@ -309,21 +310,8 @@ def write_report(sweep_dir: Path, out: Path | None = None) -> Report:
 
 
 def interventions(state: SweepState) -> list[dict[str, Any]]:
-    """The in-loop controller's interventions (each task's adapt.jsonl), oldest first."""
-    found: list[dict[str, Any]] = []
-    for t in state.tasks:
-        try:
-            lines = (task_dir(state, t) / "adapt.jsonl").read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                found.append({"task": t.index, **entry})
-    return found
+    """The in-loop controller's interventions (each task's adapt.jsonl), task by task."""
+    return [{"task": t.index, **r} for t in state.tasks for r in adapt_records(state, t)]
 
 
 def render_search(sweep: Path, trials: dict[str, Any], images: list[Path], acts: list[dict[str, Any]]) -> str:
@@ -350,7 +338,7 @@ def render_search(sweep: Path, trials: dict[str, Any], images: list[Path], acts:
     )
     parts.append('<p>Every trial: <a href="trials.csv">trials.csv</a></p>')
     if acts:
-        cols = ["task", "step", "kind", "decision", "reason"]
+        cols = ["task", "step", "kind", "trigger", "decision", "applied", "reason"]
         head = "".join(f"<th>{c}</th>" for c in cols)
         body = "".join("<tr>" + "".join(f"<td>{e(str(a.get(c, '')))}</td>" for c in cols) + "</tr>" for a in acts)
         parts.append(

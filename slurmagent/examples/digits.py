@@ -1,7 +1,9 @@
 """digits_mlp: a torch MLP on the bundled digits data, deterministic on CPU.
 
 Checkpoints through the runtime (model, optimiser, scheduler, RNG, data position), so a
-preempted run resumes exactly; returns the validation accuracy.
+preempted run resumes exactly; returns the validation accuracy. `adapt.enabled=true` turns on
+the in-loop controller (runtime/adapt.py: gradient explosion, plateau of val_error); it then
+reports each step's gradient norm (`grad_norm`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from slurmagent.config import CheckpointConf, parse_conf
+from slurmagent.config import CheckpointConf, adapt_conf, parse_conf
 from slurmagent.runtime import StepLoop, current
+from slurmagent.runtime.adapt import Controller
 from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_hash
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ctx = current()
     step_delay = float(cfg.train.get("step_delay_s", 0.0))
     # a search trial stops at its rung (hpo.stop_at epochs), checkpointed; a promotion resumes there
-    loop = StepLoop(ctx, state, total_steps=steps, conf=ck, steps_per_unit=per_epoch)
+    raw_adapt = cfg.get("adapt")
+    adapt = adapt_conf(OmegaConf.to_container(raw_adapt, resolve=True) if raw_adapt is not None else None)  # type: ignore[arg-type]
+    controller = Controller(adapt, model, opt, sched) if adapt.enabled else None
+    loop = StepLoop(ctx, state, total_steps=steps, conf=ck, steps_per_unit=per_epoch, adapt=controller)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def val_acc() -> float:
@@ -80,9 +86,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         opt.zero_grad()
         loss = loss_fn(model(x_train[idx]), y_train[idx])
         loss.backward()
+        grad_norm = loop.observe(loss=loss)  # the in-loop controller's input (None when it is off)
         opt.step()
         sched.step()
-        loop.report(loss=loss.item())
+        loop.report(loss=loss.item(), **({"grad_norm": grad_norm} if grad_norm is not None else {}))
         if (step + 1) % per_epoch == 0:  # an epoch ends: the validation error, the search's objective
             acc = val_acc()
             loop.report(epoch=(step + 1) // per_epoch, val_error=round(1 - acc, 6), val_acc=round(acc, 6))

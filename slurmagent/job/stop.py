@@ -10,7 +10,8 @@
   and exclude this node from its next run (`requeue_elsewhere`).
 
 Only rank 0 acts; every rank stopped at the same step. This module is the one owner of a
-job requeueing itself.
+job requeueing itself. It also holds the gate helpers a running job uses: `job_gate`,
+`job_action`, and `LoopApprover`, the gate as the step loop's in-loop controller asks it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from __future__ import annotations
 import json
 import logging
 import signal
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
 
 from slurmagent.config import RecoveryConf
 from slurmagent.errors import SlurmAgentError, TaskFailedError
 from slurmagent.files import atomic_write
-from slurmagent.records import Action, ActionKind, Evidence
-from slurmagent.runtime.context import JobContext
+from slurmagent.records import ACTION_KINDS, Action, ActionKind, Evidence
+from slurmagent.runtime.context import Approval, JobContext
 from slurmagent.runtime.health import STOP_RECORD
 from slurmagent.runtime.loop import StopForRequeue
 from slurmagent.runtime.signals import StopFlag, install_handlers, restore_handlers, signal_number
@@ -119,6 +122,53 @@ def job_action(
         metrics_before=dict(metrics or {}),
         context={"attempt": ctx.attempt, "source": source, **({"cause": cause} if cause else {})},
     )
+
+
+class LoopApprover:
+    """The gate for the step loop's in-loop actions (`ctx.approve`; runtime/adapt.py): each
+    intervention is an Action on this job — kind decay_lr or restart_schedule, source
+    `runtime:adapt`, cause the trigger — decided by the sweep's policy and kill switch and
+    recorded in its audit log; the change is the action's executor, run by the gate only when
+    allowed. Plain data (picklable), so the context stays copyable."""
+
+    SOURCE = "runtime:adapt"
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.sweep: Path = ctx.sweep_dir or ctx.output_dir
+        self.target = ctx.slurm_requeue_id or str(ctx.output_dir)
+        self.attempt = ctx.attempt
+
+    def __call__(
+        self,
+        kind: str,
+        reason: str,
+        evidence: dict[str, Any],
+        params: dict[str, Any],
+        apply: Callable[[], dict[str, Any]],
+    ) -> Approval:
+        if kind not in ACTION_KINDS:
+            raise SlurmAgentError(f"unknown action kind {kind!r} asked by the step loop")
+        cause = str(evidence.get("trigger") or ("plateau" if kind == "restart_schedule" else "gradient_explosion"))
+        action = Action(
+            cast(ActionKind, kind),
+            self.target,
+            reason,
+            params=dict(params),
+            evidence=[Evidence(self.SOURCE, 0, f"{key}: {value}") for key, value in evidence.items()],
+            metrics_before=dict(evidence),
+            context={"attempt": self.attempt, "source": self.SOURCE, "cause": cause},
+        )
+
+        def run(_action: Action) -> dict[str, Any]:
+            try:
+                return apply()
+            except Exception as exc:  # the change failed: an outcome for the audit log, not a crash
+                raise SlurmAgentError(f"{kind} failed in the training loop: {exc}") from exc
+
+        gate = Gate(AuditLog(self.sweep / "audit.jsonl"), {kind: run}, job=self.target)
+        outcome = gate.request(action)
+        verdict = "held" if outcome.held else outcome.decision.verdict
+        return Approval(outcome.executed, verdict, outcome.decision.rule, dict(outcome.result))
 
 
 def handle_stop(

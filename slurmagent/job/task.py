@@ -29,7 +29,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from slurmagent.config import JobSpec, job_spec, resolve_target, spec_dict
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.job.boot import release_stop_signals
-from slurmagent.job.stop import GraceWindow, handle_stop
+from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.distributed import rendezvous_env
 from slurmagent.runtime.env import JobEnv, TaskFile
@@ -65,6 +65,7 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
     stop_at = OmegaConf.select(cfg, "hpo.stop_at", default=0)  # a search trial's rung (the HPO sweeper sets it)
     if isinstance(stop_at, int) and stop_at > 0:
         ctx = replace(ctx, stop_at=stop_at)
+    ctx = replace(ctx, approve=LoopApprover(ctx))  # the step loop's in-loop actions go through the gate
     previous: dict[int, Any] = {}
     if spec.task.command is None and ctx.backend in ("slurm", "local"):
         flag = StopFlag()

@@ -32,6 +32,7 @@ from rich.console import Console
 from slurmagent.config import (
     JobSpec,
     LauncherConf,
+    adapt_conf,
     config_error,
     job_spec,
     parse_conf,
@@ -115,12 +116,16 @@ class ArrayLauncher:
         cache: dict[tuple[str, ...], JobSpec] = {}
         specs: list[JobSpec] = []
         for overrides in job_overrides:
-            key = tuple(o for o in overrides if spec_relevant(o))
+            # the spec's keys, and the in-loop controller's (checked here: its ranges fail on the node otherwise)
+            key = tuple(o for o in overrides if spec_relevant(o) or o.lstrip("+~").startswith("adapt."))
             if key not in cache:
                 try:
                     cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
                     # a user's own Hydra app brings its own task function: no `task` needed
                     cache[key] = job_spec(spec_dict(cfg), require_task=self.task_function is run_task)
+                    if cfg.get("adapt") is not None:
+                        adapt = OmegaConf.to_container(cfg.adapt, resolve=True)
+                        adapt_conf({str(k): v for k, v in adapt.items()} if isinstance(adapt, dict) else None)
                 except (ConfigError, HydraException, OmegaConfBaseException) as exc:
                     why = exc if isinstance(exc, ConfigError) else (config_error(exc) or exc)
                     raise ConfigError(

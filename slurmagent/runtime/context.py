@@ -3,17 +3,19 @@
 Built from the environment the launcher and Slurm set (SLURM_*, and the SLURMAGENT_*
 variables of `runtime/env.py`), so the same code works under Slurm, the local backend, a
 rendered sbatch script and a child command. Inside a job wrapped by `slurmagent.job`, the
-context also carries the job's stop signals (`signals`), which the step loop uses.
+context also carries the job's stop signals (`signals`), which the step loop uses, and the
+gate as the loop's in-loop controller asks it (`approve`, runtime/adapt.py): the runtime
+imports neither the gate nor Slurm, the job layer hands them over.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from slurmagent.config import Backend, CheckpointConf, HealthConf, parse_conf
 from slurmagent.errors import ConfigError
@@ -21,6 +23,30 @@ from slurmagent.runtime.env import JobEnv
 from slurmagent.runtime.signals import StopSignals
 
 BACKENDS: tuple[Backend, ...] = ("slurm", "local", "none")
+
+
+@dataclass(frozen=True)
+class Approval:
+    """The gate's answer to an in-loop action (`JobContext.approve`)."""
+
+    granted: bool  # allowed, and the change ran (inside the gate, as its executor)
+    decision: str  # the verdict: allow, deny, needs_approval, held (kill switch); "local" without a gate
+    rule: str = ""  # the policy rule that decided (or why it was held)
+    result: dict[str, Any] = field(default_factory=dict)  # what the change returned, or {"error": …}
+
+
+class Approver(Protocol):
+    """Ask the gate for an in-loop action of this job (`kind`: an action kind such as decay_lr
+    or restart_schedule); `apply` makes the change and is run by the gate only when allowed."""
+
+    def __call__(
+        self,
+        kind: str,
+        reason: str,
+        evidence: dict[str, Any],
+        params: dict[str, Any],
+        apply: Callable[[], dict[str, Any]],
+    ) -> Approval: ...
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,8 @@ class JobContext:
     stop_at: int = 0  # a search trial's rung: stop there, checkpointed (hpo.stop_at; 0 = run to the end)
     # the job wrapper's stop signals (slurmagent.job), handed to the step loop; None outside one
     signals: StopSignals | None = field(default=None, compare=False, repr=False)
+    # the gate for the loop's in-loop actions (slurmagent.job hands it over); None: act and record locally
+    approve: Approver | None = field(default=None, compare=False, repr=False)
 
     @property
     def slurm_requeue_id(self) -> str | None:
@@ -75,6 +103,7 @@ class JobContext:
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("signals", None)
+        d.pop("approve", None)
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
 
 

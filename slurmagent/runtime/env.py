@@ -29,4 +29,5 @@ class TaskFile(StrEnum):
     PROGRESS = "progress.json"  # where the run is: step of total, latest metrics, speed (StepLoop)
     HEALTH = "health.jsonl"  # every runtime health check
     HEALTH_STOP = "health_stop.json"  # the CRITICAL check that moved the job off its node
+    ADAPT = "adapt.jsonl"  # every in-loop intervention asked (runtime/adapt.py): step, kind, reason, decision
     COMMAND_STDERR = "command.stderr"  # a task.command's stderr

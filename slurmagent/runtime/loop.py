@@ -15,14 +15,19 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import IO, Any, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
-from slurmagent.runtime.context import JobContext
+from slurmagent.runtime.context import Approval, JobContext
 from slurmagent.runtime.env import TaskFile
 from slurmagent.runtime.health import HealthMonitor, monitor_for
 from slurmagent.runtime.signals import GraceFn, StopFlag, install_handlers, restore_handlers, signal_number
+
+if TYPE_CHECKING:
+    import torch
+
+    from slurmagent.runtime.adapt import Controller
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +103,16 @@ def _from_rank0(value: bool) -> bool:
     return bool(flag.item())
 
 
+def _rank0_object(value: Any) -> Any:
+    """Rank 0's object (picklable), on every rank (a collective: all ranks call it)."""
+    dist = _distributed()
+    if dist is None:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _gather_rank_states(state: Any) -> list[dict[str, Any]] | None:
     """Every rank's own part (PerRank.rank_state), on rank 0 (a collective: all ranks call it)."""
     dist = _distributed()
@@ -129,6 +144,11 @@ class StepLoop:
     (the steps of one fidelity unit, e.g. one epoch) and, when the job's `hpo.stop_at` is set
     (`ctx.stop_at`), the loop ends after `stop_at × steps_per_unit` steps with a checkpoint, so
     that a promotion resumes from it exactly; the schedule still spans `total_steps`.
+
+    `adapt` (a `runtime.adapt.Controller`) reacts inside the loop to exploding gradients and
+    to a plateau of a metric: `loop.observe(loss=…)` after backward gives it each step's
+    gradient norm, `loop.report()` its metrics; it acts at step boundaries, through the gate
+    (`ctx.approve`), and its state is in every checkpoint.
     """
 
     def __init__(
@@ -144,6 +164,7 @@ class StepLoop:
         grace: GraceFn | None = None,
         health: HealthMonitor | None = None,
         steps_per_unit: int | None = None,
+        adapt: Controller | None = None,
     ) -> None:
         self.ctx = ctx
         self.state = state
@@ -173,6 +194,8 @@ class StepLoop:
         self._gather_s = 0.0  # time the last save took to gather the state (state_dict)
         # -- runtime health (slurmagent/runtime/health.py): None unless configured --
         self.health = health if health is not None else monitor_for(ctx)
+        # -- in-loop adaptation (slurmagent/runtime/adapt.py): None unless given and enabled --
+        self.adapt = adapt if adapt is not None and adapt.active else None
 
     def restore(self) -> int:
         found = self.manager.latest()
@@ -194,6 +217,8 @@ class StepLoop:
                     self.ctx.world_size,
                 )
         self.metrics = dict(payload.get("metrics", {}))
+        if self.adapt is not None:
+            self.adapt.load_state_dict(payload.get("adapt"))
         self.start_step = self.restored_from = entry.step
         log.info("resumed from checkpoint at step %d (%s)", entry.step, entry.file)
         return entry.step
@@ -209,6 +234,8 @@ class StepLoop:
         if self.is_writer:
             started = time.monotonic()
             payload = {"state": self.state.state_dict(), "metrics": self.metrics, "step": step}
+            if self.adapt is not None:
+                payload["adapt"] = self.adapt.state_dict()
             if ranks is not None:
                 payload["ranks"] = ranks
             self._gather_s = time.monotonic() - started
@@ -263,12 +290,39 @@ class StepLoop:
         appended (rank 0) to `<output dir>/metrics.jsonl` as {"step": …, name: value}."""
         values = {k: float(v) for k, v in metrics.items()}
         self.metrics.update(values)
+        if self.adapt is not None:
+            self.adapt.evaluate(self.step, values)
         if self.is_writer:
             if self._metrics_file is None:
                 self.ctx.output_dir.mkdir(parents=True, exist_ok=True)
                 self._metrics_file = open(self.ctx.output_dir / TaskFile.METRICS, "a", buffering=1)  # noqa: SIM115 - closed at loop end
             self._metrics_file.write(json.dumps({"step": self.step, **values}) + "\n")
             self._progress()
+
+    def observe(
+        self, grad_norm: float | torch.Tensor | None = None, loss: float | torch.Tensor | None = None
+    ) -> float | None:
+        """After backward, before the optimiser's step: this step's gradient norm (computed from
+        the model's gradients when not given, e.g. pass clip_grad_norm_'s) and loss, for the
+        in-loop controller. Returns the norm (None without a controller: nothing is computed)."""
+        if self.adapt is None:
+            return None
+        return self.adapt.observe(self.step, grad_norm, loss)
+
+    def _intervene(self) -> None:
+        """Some rank's controller wants an intervention at this boundary: rank 0's proposal is
+        asked of the gate (which runs the change when it allows it), every rank applies the answer."""
+        assert self.adapt is not None
+        proposal = _rank0_object(self.adapt.pending)
+        approval: Approval | None = None
+        if proposal is not None:
+            if self.is_writer:
+                approval = self.adapt.request(proposal, self.ctx.approve)
+            granted = _from_rank0(approval is not None and approval.granted)
+            if approval is None:  # another rank: rank 0 asked, and ran the change there
+                result = self.adapt.apply(proposal) if granted else {}
+                approval = Approval(granted, "allow" if granted else "not granted", "rank 0 asked the gate", result)
+        self.adapt.settle(proposal, approval)
 
     PROGRESS_EVERY_S = 1.0  # progress.json is rewritten at most this often
 
@@ -310,6 +364,10 @@ class StepLoop:
         periodic = 0 < self.conf.every_steps < self.total_steps or self.conf.every_seconds
         try:
             self.restore()
+            if self.adapt is not None:
+                records = self.ctx.output_dir / TaskFile.ADAPT if self.is_writer else None
+                self.adapt.bind(records, self.total_steps, self.ctx.attempt)
+                self.adapt.resumed(self.start_step)
             self._run_started = time.monotonic()
             if self.is_writer and self.background_saves and periodic:
                 self.manager.prepare(self.state.state_dict())  # snapshot memory, allocated in the background
@@ -319,9 +377,14 @@ class StepLoop:
                 self.step = step
                 yield step
                 done = step + 1
+                wants = self.adapt is not None and self.adapt.propose(done) is not None
                 sick = self.health is not None and self.health.check(done)  # runtime health (health_stop.json)
                 due = done < self.end_step and self._due(done)
-                stop, sick, due = agree(self.flag.set, sick, due)
+                stop, sick, due, wants = agree(self.flag.set, sick, due, wants)
+                if wants:  # before any save at this boundary: the checkpoint holds the intervention
+                    self._intervene()
+                if self.adapt is not None:
+                    self.adapt.after_step(done)
                 if sick:  # a rank's node is CRITICAL: every rank checkpoints and stops for requeue
                     self.save(done)
                     _barrier()

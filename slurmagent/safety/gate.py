@@ -39,10 +39,11 @@ SHARED_AUDIT_MODE = 0o666
 
 
 class DefaultPolicy:
-    """The built-in fallback (kept for callers that pass it): recovery within bounds is
-    allowed; anything destructive is not automated. `Gate` uses conf/policy/ otherwise."""
+    """The built-in fallback (kept for callers that pass it): recovery within bounds and the
+    in-loop controller's changes to its own run are allowed; anything destructive is not
+    automated. `Gate` uses conf/policy/ otherwise."""
 
-    allowed = frozenset({"requeue", "resubmit", "exclude_node"})
+    allowed = frozenset({"requeue", "resubmit", "exclude_node", "decay_lr", "restart_schedule"})
 
     def decide(self, action: Action) -> Decision:
         if action.kind in self.allowed:

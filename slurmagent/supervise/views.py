@@ -116,6 +116,45 @@ def summary_line(state: SweepState) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {len(state.tasks)})"
 
 
+def adapt_records(state: SweepState, task: TaskRecord) -> list[dict[str, Any]]:
+    """The in-loop controller's records of a task (runtime/adapt.py: adapt.jsonl)."""
+    try:
+        lines = (task_dir(state, task) / TaskFile.ADAPT).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+def adapt_line(state: SweepState, most: int = 4) -> str:
+    """In-loop interventions in one line: per task, what was applied (and where) and what was
+    refused, e.g. `in-loop: task 3 decay_lr at step 33, restart_schedule at step 120; 1 denied`."""
+    parts = []
+    for task in state.tasks:
+        records = adapt_records(state, task)
+        if not records:
+            continue
+        applied = [f"{r.get('kind')} at step {r.get('step')}" for r in records if r.get("applied")]
+        refused = sum(1 for r in records if r.get("decision") in ("deny", "needs_approval", "held"))
+        note = ", ".join(applied[-3:]) or "nothing applied"
+        if refused:
+            note += f"; {refused} refused by the gate"
+        if any(r.get("decision") == "capped" for r in records):
+            note += "; capped"
+        parts.append(f"task {task.index} {note}")
+    if not parts:
+        return ""
+    more = f" (+{len(parts) - most} more tasks)" if len(parts) > most else ""
+    return "in-loop: " + "; ".join(parts[:most]) + more
+
+
 def study_line(sweep_dir: str | Path) -> str:
     """A search's state in one line: trials by state, epochs asked of the budget, the best so far."""
     trials = load_trials(sweep_dir)
@@ -173,6 +212,9 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
     study = study_line(state.sweep_dir)
     if study:
         captions.insert(0, study)
+    adapted = adapt_line(state)
+    if adapted:
+        captions.insert(0, adapted)
     if state.held_back:
         waiting = sum(t.state == "WAITING" for t in state.tasks)
         captions.insert(0, f"{waiting} task(s) wait: {state.held_back}; submitted as earlier ones end")

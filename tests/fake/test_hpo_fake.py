@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.slurm.fake import FakeSlurm
-from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state
+from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state, wait_steps
 
 SEARCH = (
     "+experiment=synthetic",
@@ -82,11 +82,11 @@ def test_a_preempted_trial_keeps_its_trial_and_a_killed_launcher_is_continued_by
     fake: FakeSlurm, tmp_path: Path
 ) -> None:
     sweep = tmp_path / "sweep"
-    slow = ("synthetic.step_time_s=0.1", "checkpoint.every_steps=2", "hpo.budget.trials=5", "hpo.max_parallel=2")
+    slow = ("synthetic.step_time_s=0.3", "checkpoint.every_steps=2", "hpo.budget.trials=5", "hpo.max_parallel=2")
     launcher = start(fake, tmp_path, *SEARCH, *slow, f"hydra.sweep.dir={sweep}")
     job = first_job_id(sweep)
     fake.wait(job, ("RUNNING",))
-    time.sleep(0.5)
+    wait_steps(sweep, 1)  # mid-rung: its first rung is 3 steps of 0.3 s
     fake.preempt(job)  # requeued by Slurm: the same trial goes on from its checkpoint
     deadline = time.monotonic() + 60
     while not any(t["state"] == "COMPLETED" for t in sweep_state(sweep)["tasks"]):
