@@ -91,9 +91,11 @@ class Run:
         return str(state["tasks"][task]["attempts"][-1]["job_id"])
 
     def steps_run(self, task: int = 0) -> int:
-        """Lines in the task's metrics.jsonl: one per step run, redone steps included."""
+        """Lines in the task's metrics.jsonl of the per-step report (not the end-of-epoch one,
+        which shares its step): one per step run, redone steps included."""
         path = self.sweep / str(task) / "metrics.jsonl"
-        return len(path.read_text().splitlines()) if path.exists() else 0
+        lines = path.read_text().splitlines() if path.exists() else []
+        return sum(1 for line in lines if '"epoch"' not in line)
 
     def checkpoints(self, directory: Path | None = None, task: int = 0) -> list[dict[str, Any]]:
         path = (directory or self.sweep / str(task) / "checkpoints") / "manifest.json"
@@ -712,7 +714,8 @@ def _steps_redone(sweep: Path, n_tasks: int) -> int | None:
         if not path.exists():
             continue
         seen_any = True
-        steps = [json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip()]
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        steps = [r["step"] for r in rows if "epoch" not in r]  # an epoch's report shares its last step
         total += len(steps) - len(set(steps))
     return total if seen_any else None
 
