@@ -121,3 +121,18 @@ def test_bad_search_input_names_the_key_and_submits_nothing(fake: FakeSlurm, tmp
         assert "Traceback" not in out.stderr
         assert not (sweep / "sweep.json").exists()
     assert not fake.jobs()
+
+
+def test_a_detached_search_is_run_by_the_supervisor_job(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    out = slurmagent(fake, tmp_path, *SEARCH, "hpo.budget.trials=5", "--detach", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0, out.stderr
+    assert "detached: the sweep is supervised by Slurm job" in out.stderr
+    deadline = time.monotonic() + 180
+    while not ((sweep / "hpo" / "trials.json").exists() and trials(sweep)["finished"]):
+        assert time.monotonic() < deadline, sweep_state(sweep)["tasks"]
+        time.sleep(0.3)
+    body = trials(sweep)
+    assert len(body["trials"]) == 5 and any(t["promotions"] for t in body["trials"])  # promoted by the supervisor
+    lead = json.loads((sweep / ".slurmagent" / "lead.json").read_text())
+    assert lead["role"].startswith("supervisor job")
