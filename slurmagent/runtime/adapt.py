@@ -336,7 +336,9 @@ class Controller:
             else:
                 self.pending = self._explosion(done)
                 return self.pending
-        if p.enabled and self.bad >= p.patience:
+        if p.enabled and self.bad >= p.patience and self.total_steps and done >= self.total_steps:
+            pass  # the schedule's end: no step follows a restart (a search trial's rung is not the end)
+        elif p.enabled and self.bad >= p.patience:
             if self.plateau_asked >= p.max_restarts:
                 self._cap("restart_schedule", done, p.max_restarts, "adapt.plateau.max_restarts")
                 self.bad = 0

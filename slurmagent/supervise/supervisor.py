@@ -194,6 +194,11 @@ class Supervisor:
         if res is not None:
             kind, value = res
             ok, ret, err = unwrap_return(value) if kind == "success" else (False, None, str(value).strip())
+            if ok and state.backend == "slurm" and status is not None and status.state not in TERMINAL_STATES:
+                # the task returned and its job is ending (COMPLETING, epilog): it is done when Slurm
+                # says so, so that nothing submitted next (a search's next trial) overlaps it
+                task.state = status.state
+                return (task.state, attempt.state) != before
             if ok:
                 self.results[task.index] = value
                 task.state, task.result, task.error = "COMPLETED", ret, ""

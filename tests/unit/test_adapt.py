@@ -263,10 +263,8 @@ def test_a_plateau_at_a_constant_lr_has_nothing_to_restart(tmp_path: Path) -> No
     lrs, _ = cosine_run(tmp_path, [1.0] * 10, conf, scheduler=False)
     assert set(lrs) == {1.0}
     recs = lines(tmp_path)
-    assert [(r["kind"], r["decision"]) for r in recs] == [
-        ("restart_schedule", "skipped"),
-        ("restart_schedule", "capped"),
-    ]
+    # skipped once; the cap would be reached at the schedule's last step, where nothing is asked
+    assert [(r["kind"], r["decision"]) for r in recs] == [("restart_schedule", "skipped")]
     assert "nothing to restart" in recs[0]["reason"]
 
 
@@ -520,3 +518,10 @@ def test_two_ranks_intervene_together_and_resume_exactly(tmp_path: Path) -> None
     assert [r["resumed_from"] for r in resumed] == [13, 13]
     assert resumed[0]["hash"] == resumed[1]["hash"] == straight[0]["hash"]
     assert resumed[0]["records"] == straight[0]["records"]
+
+
+def test_no_restart_is_asked_at_the_schedules_last_step(tmp_path: Path) -> None:
+    """A plateau seen after the last step: no step would follow a restart, so none is asked."""
+    conf = adapt(explosion={"enabled": False}, plateau={"patience": 2, "cooldown": 0, "max_restarts": 5})
+    cosine_run(tmp_path, [0.5] * 3, conf)
+    assert [r["step"] for r in lines(tmp_path) if r.get("applied")] == []
