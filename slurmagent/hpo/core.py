@@ -9,18 +9,20 @@
 - **Rungs** are the fidelities min·eta^k below the maximum, and the maximum: 1, 3, 9, 27.
 - **Explore**: the first new trials are a quasi-random design (a Halton sequence with a
   seeded random shift) at the lowest rung.
-- **Focus**: after that, new trials come from Optuna's TPE sampler fitted on the highest rung
-  that has enough results (`len(params) + 2`), so the search narrows where the results at
-  the most informative fidelity are good.
+- **Focus**: after that, new trials come from Optuna's TPE sampler fitted on every finished
+  trial, ranked by the highest rung it reached and then by its value there (failed and
+  diverged last): a region whose trials were cut early ranks below every trial promoted past
+  it, so the search narrows where the results at the highest fidelities are good. (Fitting
+  TPE on one rung's results alone — only the trials promoted into it — made the cut regions
+  look good and the search worse than random: bench/README.md.)
 - **Adapt — asynchronous successive halving**: before a new trial, `ask()` looks for a
   promotion, from the highest rung down: a trial in the best 1/eta of those that reached a
-  rung, not yet promoted from it, continues (same trial, its own checkpoint) to the next rung.
-  Nobody waits for a rung to fill.
-- **Slow starters**: a trial is ranked at its rung by the better of its value and its value
-  projected one rung on from the slope of its learning curve (damped), so a run still
-  improving fast is not cut for starting slowly; and one new trial in `late_start` starts at
-  the second rung (asynchronous Hyperband's brackets), so a late bloomer is not judged on
-  one epoch alone. `bench/README.md` measures both against plain ASHA.
+  rung (or the best one, while fewer than eta have), not yet promoted from it, continues
+  (same trial, its own checkpoint) to the next rung. Nobody waits for a rung to fill.
+- **Slow starters**: one new trial in `late_start` (4) starts at the second rung
+  (asynchronous Hyperband's brackets), so a late bloomer is not judged on one epoch alone.
+  Ranking by a trial's value projected from the slope of its curve (`projection`) is
+  available but off: on the tabular benchmark it made the search slower.
 - **Diverged** (NaN/inf) or failed trials rank last and are never promoted; the study goes on.
 
 Deterministic given the seed and the order of tells. The study is an Optuna study in
@@ -30,6 +32,7 @@ continues it (a supervisor killed and restarted loses nothing).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import warnings
@@ -48,7 +51,10 @@ from slurmagent.hpo.space import Space
 log = logging.getLogger(__name__)
 
 DIRECTIONS = ("minimize", "maximize")
-PROJECTION_DAMPING = 0.5  # how much of the projected improvement counts when ranking at a rung
+# how much of a trial's projected improvement counts when ranking it at a rung (the default for
+# Optimizer(projection=…)): 0, off — on the tabular benchmark 0.5 made the search slower than
+# plain ASHA (bench/README.md), while starting every late_start-th trial higher did not
+PROJECTION_DAMPING = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class Optimizer:
         study_name: str = "slurmagent",
         n_explore: int | None = None,
         late_start: int = 4,
+        projection: float | None = None,
     ) -> None:
         if direction not in DIRECTIONS:
             raise ConfigError(f"hpo.direction={direction!r} is not one of {', '.join(DIRECTIONS)}")
@@ -108,10 +115,13 @@ class Optimizer:
         self.rungs = rungs(min_fidelity, max_fidelity, eta)
         self.n_explore = n_explore if n_explore is not None else max(6, 2 * len(space.params))
         self.late_start = late_start  # every late_start-th new trial starts at the second rung (0: never)
+        self.projection = PROJECTION_DAMPING if projection is None else projection
         self.trials: dict[int, TrialInfo] = {}
         self._new = 0  # new trials asked so far (the exploration design's index)
         self._shift = np.random.default_rng(seed).random(len(space.params))  # the design's random shift
-        self._models: dict[int, _RungModel] = {}
+        self._focus_model: _RankModel | None = None  # TPE on every finished trial, refitted as results grow
+        self._ranked: dict[int, list[tuple[float, int]]] = {}  # rung → (score, trial), sorted: promotion order
+        self._in_rung: set[tuple[int, int]] = set()  # (trial, rung) already in _ranked
         self._ids: dict[int, int] = {}  # trial number → Optuna's trial id in the storage
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.study = optuna.create_study(
@@ -142,7 +152,7 @@ class Optimizer:
                 self._save_attrs(info)
                 return Ask(info.trial, dict(info.params), info.target, info.trial, rung + 1)
         late = self.late_start and len(self.rungs) > 2 and self._new % self.late_start == self.late_start - 1
-        start = 1 if late else 0
+        start = 1 if late and self.rungs[1] <= max_cost else 0  # a late start that does not fit starts low
         if not new_trials or self.rungs[start] > max_cost:
             return None
         params = self._explore() if self._new < self.n_explore else self._focus()
@@ -164,9 +174,7 @@ class Optimizer:
         for step, value in sorted(fresh.items()):
             if math.isfinite(value):
                 otrial.report(value, step)
-        for rung, fidelity in enumerate(self.rungs):
-            if fidelity in fresh:
-                self._model(rung).add(info, self._rung_value(info, fidelity))
+        self._index(info)
         if info.diverged:
             self._finish(info, TrialState.FAIL, reason="diverged (NaN or inf)")
         elif info.reached >= self.rungs[-1]:
@@ -178,10 +186,7 @@ class Optimizer:
         """The trial could not run (a crash, a cause recovery gave up on): ranked last, never promoted."""
         info = self._info(trial)
         info.failed, info.running = reason or "failed", False
-        for rung, fidelity in enumerate(self.rungs):
-            if info.reached < fidelity <= info.target:
-                self._model(rung).add(info, math.inf)
-                break
+        self._index(info)
         self._finish(info, TrialState.FAIL, reason=info.failed)
 
     def finish(self) -> None:
@@ -205,16 +210,26 @@ class Optimizer:
     def _promotion(self) -> tuple[TrialInfo, int] | None:
         for rung in range(len(self.rungs) - 2, -1, -1):
             fidelity = self.rungs[rung]
-            at = [t for t in self.trials.values() if fidelity in t.curve or (t.failed and t.target == fidelity)]
-            keep = len(at) // self.eta
-            if keep == 0:
-                continue
-            ranked = sorted(at, key=lambda t: (self._score(t, rung), t.trial))[:keep]
-            for info in ranked:
+            ranked = self._ranked.get(rung, [])
+            # the best 1/eta of those that reached the rung, and the best one from the first on
+            # (as Optuna's successive halving: a full training comes early, a lone leader is not held)
+            keep = max(1, len(ranked) // self.eta) if ranked else 0
+            for _, number in ranked[:keep]:
+                info = self.trials[number]
                 free = not info.running and not info.failed and not info.diverged
                 if free and rung not in info.promoted_from and info.reached == fidelity:  # not told past it
                     return info, rung
         return None
+
+    def _index(self, info: TrialInfo) -> None:
+        """Put the trial in the ranking of every rung it has reached (or failed on), once: its
+        score there is fixed by then (the curve up to the rung)."""
+        for rung, fidelity in enumerate(self.rungs[:-1]):
+            if (info.trial, rung) in self._in_rung:
+                continue
+            if fidelity in info.curve or (info.failed and info.target == fidelity):  # failed on its way there
+                self._in_rung.add((info.trial, rung))
+                bisect.insort(self._ranked.setdefault(rung, []), (self._score(info, rung), info.trial))
 
     def _score(self, info: TrialInfo, rung: int) -> float:
         """Rank at `rung` (lower is better): the better of the value there and the value
@@ -231,7 +246,7 @@ class Optimizer:
         if not (math.isfinite(v0) and math.isfinite(v1)):
             return value
         slope = (v1 - v0) / (math.log(last) - math.log(prev))  # per log-unit of fidelity; < 0: improving
-        projected = v1 + PROJECTION_DAMPING * slope * (math.log(self.rungs[rung + 1]) - math.log(last))
+        projected = v1 + self.projection * slope * (math.log(self.rungs[rung + 1]) - math.log(last))
         return min(value, projected)
 
     def _rung_value(self, info: TrialInfo, fidelity: int) -> float:
@@ -248,27 +263,41 @@ class Optimizer:
         return chosen
 
     def _focus(self) -> dict[str, Any]:
-        floor = len(self.space.params) + 2
-        for rung in range(len(self.rungs) - 1, -1, -1):
-            model = self._models.get(rung)
-            if model is not None and model.count >= floor:
-                return model.sample()
-        return self._explore()
+        """A new trial from TPE fitted on every finished trial, ranked by the highest rung it
+        reached and its value there (failed and diverged last): a trial cut at a low rung
+        counts as worse than every trial promoted past it, so the regions cut early look bad."""
+        done = [t for t in self.trials.values() if not t.running and (t.curve or t.failed)]
+        if len(done) < len(self.space.params) + 2:
+            return self._explore()
+        model = self._focus_model
+        if model is None or len(done) - model.fitted >= max(1, model.fitted // 20):  # refit as results grow 5 %
+            ranked = sorted(done, key=lambda t: (self._rank_key(t), t.trial))
+            model = self._focus_model = _RankModel(self.space, self.seed * 1009 + len(self.trials), ranked)
+        return model.sample()
 
-    def _model(self, rung: int) -> _RungModel:
-        if rung not in self._models:
-            self._models[rung] = _RungModel(self.space, self.seed * 1009 + rung)
-        return self._models[rung]
+    def _rank_key(self, info: TrialInfo) -> tuple[int, float]:
+        if info.failed or info.diverged or not info.curve:
+            return (1, 0.0)
+        rung = self.rung_of(info.reached)
+        fidelity = self.rungs[rung] if rung >= 0 else info.reached
+        value = info.curve.get(fidelity, info.curve[info.reached])
+        return (-rung, self.sign * value)
 
     # -- storage ----------------------------------------------------------------------------
     def _create(self, params: dict[str, Any], target: int) -> int:
-        self.study.enqueue_trial(params)
-        trial = self.study.ask(fixed_distributions=self.space.distributions(params))
-        info = TrialInfo(trial.number, dict(trial.params), target=target)
-        self.trials[trial.number] = info
-        self._ids[trial.number] = trial._trial_id
+        """A RUNNING trial with these parameters, written to the storage at once (no sampler,
+        no scan of the study's waiting trials: constant time however long the study)."""
+        template = optuna.trial.create_trial(
+            state=TrialState.RUNNING, params=params, distributions=self.space.distributions(params)
+        )
+        storage = self.study._storage
+        trial_id = storage.create_new_trial(self.study._study_id, template_trial=template)
+        number = storage.get_trial_number_from_id(trial_id)
+        info = TrialInfo(number, dict(params), target=target)
+        self.trials[number] = info
+        self._ids[number] = trial_id
         self._save_attrs(info)
-        return trial.number
+        return number
 
     def _save_attrs(self, info: TrialInfo) -> None:
         storage, trial_id = self.study._storage, self._trial_id(info.trial)
@@ -327,9 +356,7 @@ class Optimizer:
                     info.failed = reason
             self.trials[ft.number] = info
             self._new += 1  # every trial was once a new one (the design's index goes on from here)
-            for rung, fidelity in enumerate(self.rungs):
-                if fidelity in info.curve:
-                    self._model(rung).add(info, self._rung_value(info, fidelity))
+            self._index(info)
         # a trial asked but never told (the asker died) runs again from its checkpoint: the driver re-asks it
         if self.trials:
             log.info("continuing study %s: %d trial(s)", self.study.study_name, len(self.trials))
@@ -344,40 +371,26 @@ class Optimizer:
         return out
 
 
-class _RungModel:
-    """TPE fitted on the results at one rung: an in-memory Optuna study of finished trials."""
+class _RankModel:
+    """TPE fitted on finished trials in rank order (best first): an in-memory Optuna study whose
+    values are the ranks. At most MAX_MODEL trials, taken evenly along the ranking."""
 
-    def __init__(self, space: Space, seed: int) -> None:
+    MAX_MODEL = 1000
+
+    def __init__(self, space: Space, seed: int, ranked: list[TrialInfo]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=0)
         self.space = space
+        self.fitted = len(ranked)
         self.study = optuna.create_study(sampler=sampler)
-        self.count = 0
-        self.worst = -math.inf
-        self._waiting: list[TrialInfo] = []  # failed before anything finite was seen here
-
-    def add(self, info: TrialInfo, value: float) -> None:
-        """A result at this rung; inf (diverged, failed) counts as the worst finite value seen."""
-        if not math.isfinite(value):
-            if not math.isfinite(self.worst):
-                self._waiting.append(info)
-                return
-            value = self.worst
-        elif value > self.worst:
-            self.worst = value
-        self._add(info, value)
-        waiting, self._waiting = self._waiting, []
-        for other in waiting:
-            self._add(other, self.worst)
-
-    def _add(self, info: TrialInfo, value: float) -> None:
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                params=dict(info.params), distributions=self.space.distributions(info.params), value=value
+        step = max(1, math.ceil(len(ranked) / self.MAX_MODEL))
+        for rank, info in list(enumerate(ranked))[::step]:
+            self.study.add_trial(
+                optuna.trial.create_trial(
+                    params=dict(info.params), distributions=self.space.distributions(info.params), value=float(rank)
+                )
             )
-        )
-        self.count += 1
 
     def sample(self) -> dict[str, Any]:
         with warnings.catch_warnings():
