@@ -157,6 +157,14 @@ def wait_for(probe: Callable[[], Any], what: str, timeout: float, interval: floa
     raise InjectionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def sweep_state(sweep: Path) -> dict[str, Any]:
+    """sweep.json as it is now; no tasks while it is not written yet (or mid-replace)."""
+    try:
+        return json.loads((sweep / "sweep.json").read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return {"tasks": []}
+
+
 # ----------------------------------------------------------------------------- cases
 @dataclass(frozen=True)
 class Expect:

@@ -9,12 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from fault_cases import sweep_state, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -44,25 +42,8 @@ def launch(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(f"{what} after {timeout:.0f}s")
-
-
-def state(sweep: Path) -> dict[str, Any]:
-    try:
-        return json.loads((sweep / "sweep.json").read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return {"tasks": []}
-
-
 def done(sweep: Path) -> bool:
-    tasks = state(sweep)["tasks"]
+    tasks = sweep_state(sweep)["tasks"]
     return bool(tasks) and all(t["state"] in ("COMPLETED", "FAILED", "CANCELLED", "OUT_OF_MEMORY") for t in tasks)
 
 
@@ -94,14 +75,14 @@ def test_a_detached_sweep_completes_with_the_users_shell_gone(slurm_conf: str, t
     with_pid = launcher.pid
     with pytest.raises(ProcessLookupError):  # the shell's session is gone: nothing of it is left
         os.killpg(with_pid, signal.SIGKILL)
-    wait_for("the sweep to end", lambda: done(sweep), 300)
-    (task,) = state(sweep)["tasks"]
+    wait_for(lambda: done(sweep), "the sweep to end", 300, interval=0.5)
+    (task,) = sweep_state(sweep)["tasks"]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2, task
     assert task["attempts"][0]["state"] == "OUT_OF_MEMORY" and resubmissions(sweep) == 1
     job = supervisor_job(sweep)
     lead = json.loads((sweep / ".slurmagent" / "lead.json").read_text())
     assert lead["role"] == f"supervisor job {job}"
-    wait_for("the supervisor job to end COMPLETED", lambda: "COMPLETED" in sacct_states(job), 120)
+    wait_for(lambda: "COMPLETED" in sacct_states(job), "the supervisor job to end COMPLETED", 120, interval=0.5)
 
 
 def test_the_supervisor_job_preempted_once_goes_on_and_the_sweep_completes(slurm_conf: str, tmp_path: Path) -> None:
@@ -123,19 +104,24 @@ def test_the_supervisor_job_preempted_once_goes_on_and_the_sweep_completes(slurm
     assert launcher.returncode == 0, err
     job = supervisor_job(sweep)
     node = wait_for(
-        "the supervisor job to run", lambda: squeue(job, "%T %N").startswith("RUNNING") and squeue(job, "%N"), 120
+        lambda: squeue(job, "%T %N").startswith("RUNNING") and squeue(job, "%N"),
+        "the supervisor job to run",
+        120,
+        interval=0.5,
     )
-    wait_for("the supervisor to take the lead", lambda: (sweep / ".slurmagent" / "lead.json").exists(), 60)
+    wait_for(
+        lambda: (sweep / ".slurmagent" / "lead.json").exists(), "the supervisor to take the lead", 60, interval=0.5
+    )
     # a high-priority job that needs the supervisor's whole node preempts (requeues) it
     subprocess.run(
         ["sbatch", "-p", "high", "-w", node, "--exclusive", "--time=2", "-o", "/dev/null", "--wrap", "sleep 5"],
         check=True,
         capture_output=True,
     )
-    wait_for("the supervisor job's second run", lambda: "(run 2)" in supervisor_log(sweep, job), 180)
-    wait_for("the sweep to end", lambda: done(sweep), 300)
-    assert [t["state"] for t in state(sweep)["tasks"]] == ["COMPLETED", "COMPLETED"]
-    wait_for("the supervisor job to end COMPLETED", lambda: "COMPLETED" in sacct_states(job), 120)
+    wait_for(lambda: "(run 2)" in supervisor_log(sweep, job), "the supervisor job's second run", 180, interval=0.5)
+    wait_for(lambda: done(sweep), "the sweep to end", 300, interval=0.5)
+    assert [t["state"] for t in sweep_state(sweep)["tasks"]] == ["COMPLETED", "COMPLETED"]
+    wait_for(lambda: "COMPLETED" in sacct_states(job), "the supervisor job to end COMPLETED", 120, interval=0.5)
     assert "PREEMPTED" in sacct_states(job)
     assert "the sweep is done" in supervisor_log(sweep, job)
 
@@ -148,7 +134,12 @@ def supervisor_log(sweep: Path, job: str) -> str:
 def test_two_watches_on_one_sweep_do_not_both_act(slurm_conf: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     launcher = launch(tmp_path, *HOST_OOM, *POLL, "-m", f"hydra.sweep.dir={sweep}")
-    wait_for("the task to be submitted", lambda: state(sweep)["tasks"] and state(sweep)["tasks"][0]["attempts"], 120)
+    wait_for(
+        lambda: sweep_state(sweep)["tasks"] and sweep_state(sweep)["tasks"][0]["attempts"],
+        "the task to be submitted",
+        120,
+        interval=0.5,
+    )
     launcher.kill()  # the launcher dies; two people re-attach
     launcher.communicate(timeout=30)
     watch = [sys.executable, "-m", "slurmagent", "watch", str(sweep), "--interval", "1", "--timeout", "300"]
@@ -159,5 +150,5 @@ def test_two_watches_on_one_sweep_do_not_both_act(slurm_conf: str, tmp_path: Pat
     outs = [w.communicate(timeout=360) for w in watches]
     assert [w.returncode for w in watches] == [0, 0], outs
     assert sum("supervises this sweep; following it" in err for _, err in outs) == 1, outs
-    (task,) = state(sweep)["tasks"]
+    (task,) = sweep_state(sweep)["tasks"]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2 and resubmissions(sweep) == 1

@@ -9,25 +9,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fault_cases import sweep_argv
+from fault_cases import sweep_argv, wait_for
 
 pytestmark = pytest.mark.slurm
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError(f"{what} after {timeout:.0f}s")
 
 
 def first_job(sweep: Path) -> str | None:
@@ -57,9 +44,10 @@ def test_a_failure_hydra_caught_is_failed_in_slurms_accounting(slurm_conf: str, 
     job = first_job(sweep)
     assert job is not None
     rows = wait_for(
-        "accounting to show the job ended",
         lambda: [r for r in sacct(job, "State,ExitCode") if not r.startswith(("RUNNING", "PENDING"))],
+        "accounting to show the job ended",
         60,
+        interval=0.05,
     )
     state, exit_code = rows[-1].split("|")
     assert state == "FAILED" and exit_code != "0:0", rows  # sacct, mail and afterok dependencies see a failure
@@ -77,11 +65,16 @@ def test_a_stop_signal_while_the_job_starts_is_held_not_fatal(slurm_conf: str, t
         text=True,
     )
     try:
-        job = wait_for("the task's job id", lambda: first_job(sweep), 120)
+        job = wait_for(lambda: first_job(sweep), "the task's job id", 120, interval=0.05)
         # the time-limit warning while submitit loads the task (Hydra's set-up: no handler of the
         # runtime's yet); job/boot.py holds it from the process's first line
         log = sweep / ".submitit" / f"{job}_0_log.out"
-        wait_for("submitit's start", lambda: log.exists() and "Starting with JobEnvironment" in log.read_text(), 120)
+        wait_for(
+            lambda: log.exists() and "Starting with JobEnvironment" in log.read_text(),
+            "submitit's start",
+            120,
+            interval=0.05,
+        )
         subprocess.run(["scancel", "--signal=USR2", job], check=True)
         _, err = launcher.communicate(timeout=240)
     finally:
@@ -91,10 +84,11 @@ def test_a_stop_signal_while_the_job_starts_is_held_not_fatal(slurm_conf: str, t
     assert task["state"] == "COMPLETED" and task["diagnosis"] is None, task
     result = task["result"]
     assert result["attempt"] == 2 and result["steps_run_here"] == 30 - (result["resumed_from"] or 0)
-    states = wait_for(  # accounting records the end a moment after the result file
-        "accounting to record the job's end",
+    states = wait_for(
         lambda: (st := [r.split("|")[0] for r in sacct(job, "State")]) and st[-1] != "RUNNING" and st,
+        "accounting to record the job's end",
         60,
+        interval=0.05,
     )
     assert "REQUEUED" in states and states[-1] == "COMPLETED", states
 

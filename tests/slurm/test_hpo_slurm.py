@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_cases import sweep_state
 
 pytestmark = pytest.mark.slurm
 
@@ -29,13 +30,6 @@ def slurmagent(cwd: Path, *args: str, timeout: float = 900) -> subprocess.Comple
 
 def trials(sweep: Path) -> dict[str, Any]:
     return json.loads((sweep / "hpo" / "trials.json").read_text())  # type: ignore[no-any-return]
-
-
-def state(sweep: Path) -> dict[str, Any]:
-    try:
-        return json.loads((sweep / "sweep.json").read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError):
-        return {"tasks": []}
 
 
 def epochs_reported(sweep: Path, index: int) -> list[int]:
@@ -69,7 +63,7 @@ def test_digits_search_with_its_study_in_postgresql(tmp_path: Path, postgres_db:
     assert all(t["state"] in ("complete", "stopped") for t in body["trials"]), body["trials"]
     promoted = [t for t in body["trials"] if t["promotions"]]
     assert promoted
-    tasks = {t["index"]: t for t in state(sweep)["tasks"]}
+    tasks = {t["index"]: t for t in sweep_state(sweep)["tasks"]}
     for t in promoted:  # resumed from its checkpoint: each epoch trained and reported once
         assert epochs_reported(sweep, t["trial"]) == list(range(1, t["epochs"] + 1))
         assert tasks[t["trial"]]["result"]["resumed_from"] == 22 * (t["epochs"] // 2)  # 22 steps an epoch
@@ -116,7 +110,7 @@ def test_a_requeued_trial_and_a_killed_launcher_lose_nothing(tmp_path: Path) -> 
     deadline = time.monotonic() + 180
     job = ""
     while time.monotonic() < deadline and not job:  # trial 0's job, running (asked of Slurm: polls may miss it)
-        first = next((t for t in state(sweep)["tasks"] if t["index"] == 0 and t["attempts"]), None)
+        first = next((t for t in sweep_state(sweep)["tasks"] if t["index"] == 0 and t["attempts"]), None)
         if first is not None:
             seen = subprocess.run(
                 ["squeue", "-h", "-j", first["attempts"][-1]["job_id"], "-o", "%T"], text=True, capture_output=True
@@ -127,7 +121,7 @@ def test_a_requeued_trial_and_a_killed_launcher_lose_nothing(tmp_path: Path) -> 
     time.sleep(2.0)
     requeue = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     assert requeue.returncode == 0, requeue.stderr  # Slurm requeues the trial's job: not a failure
-    while time.monotonic() < deadline + 120 and not any(t["state"] == "COMPLETED" for t in state(sweep)["tasks"]):
+    while time.monotonic() < deadline + 120 and not any(t["state"] == "COMPLETED" for t in sweep_state(sweep)["tasks"]):
         time.sleep(0.5)
     os.killpg(launcher.pid, signal.SIGKILL)  # the login session dies mid-study
     launcher.communicate(timeout=30)
@@ -136,7 +130,7 @@ def test_a_requeued_trial_and_a_killed_launcher_lose_nothing(tmp_path: Path) -> 
     body = trials(sweep)
     assert body["finished"] and [t["trial"] for t in body["trials"]] == [0, 1, 2, 3, 4]
     assert all(t["state"] in ("complete", "stopped") for t in body["trials"]), body["trials"]
-    assert state(sweep)["tasks"][0]["attempts"][0]["restarts"] >= 1  # the requeue was seen, the trial kept
+    assert sweep_state(sweep)["tasks"][0]["attempts"][0]["restarts"] >= 1  # the requeue was seen, the trial kept
     for t in body["trials"]:  # no trial begun twice from scratch (the requeued one redid at most its last steps)
         seen = epochs_reported(sweep, t["trial"])
         assert sorted(set(seen)) == list(range(1, t["epochs"] + 1)), t
