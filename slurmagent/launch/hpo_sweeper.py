@@ -37,7 +37,7 @@ from slurmagent.launch.launcher import ArrayLauncher
 from slurmagent.launch.sweeper import SPEC_ROOTS
 from slurmagent.supervise.state import SweepStore
 from slurmagent.supervise.study import STOP_AT, TRIAL, StudyDriver, StudySettings
-from slurmagent.supervise.views import STUDY_BEST, load_trials
+from slurmagent.supervise.views import STUDY_BEST, load_trials, trials_by_state
 
 
 class HpoSweeper(Sweeper):
@@ -189,14 +189,8 @@ class HpoSweeper(Sweeper):
     def _summary(console: Any, sweep_dir: Path) -> dict[str, Any]:
         trials = load_trials(sweep_dir) or {}
         best_path = sweep_dir / STUDY_BEST
-        rows = trials.get("trials", [])
-        counts: dict[str, int] = {}
-        for row in rows:
-            counts[row["state"]] = counts.get(row["state"], 0) + 1
-        lines = [
-            f"search done: {len(rows)} trial(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
-            f"{trials.get('spent_epochs', 0)} epoch(s) asked"
-        ]
+        done = trials_by_state(trials.get("trials", []))
+        lines = [f"search done: {done}, {trials.get('spent_epochs', 0)} epoch(s) asked"]
         if not best_path.exists():
             console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
             raise TaskFailedError(

@@ -155,19 +155,23 @@ def adapt_line(state: SweepState, most: int = 4) -> str:
     return "in-loop: " + "; ".join(parts[:most]) + more
 
 
+def trials_by_state(rows: list[dict[str, Any]]) -> str:
+    """`8 trial(s) (3 complete, 5 stopped)`: a search's trials counted by state."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    return f"{len(rows)} trial(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))})"
+
+
 def study_line(sweep_dir: str | Path) -> str:
     """A search's state in one line: trials by state, epochs asked of the budget, the best so far."""
     trials = load_trials(sweep_dir)
     if trials is None:
         return ""
     rows = trials.get("trials", [])
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["state"]] = counts.get(row["state"], 0) + 1
     budget = trials.get("budget", {})
     of = f" of {budget['epochs']}" if budget.get("epochs") else ""
-    line = f"search: {len(rows)} trial(s) ({', '.join(f'{n} {s}' for s, n in sorted(counts.items()))}), "
-    line += f"{trials.get('spent_epochs', 0)}{of} epoch(s) asked"
+    line = f"search: {trials_by_state(rows)}, {trials.get('spent_epochs', 0)}{of} epoch(s) asked"
     finite = [r for r in rows if r.get("value") is not None and r.get("epochs")]
     if finite:
         top = max(r["epochs"] for r in finite)
