@@ -148,6 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 }
                 for t in state.tasks
             ],
+            "schedule": state.schedule,
         }
         print(json.dumps(out, indent=1, default=str))
     else:
@@ -189,6 +190,12 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     from slurmagent.supervise.detach import run_supervisor
 
     return run_supervisor(args.sweep_dir, SubmititSubmitter())
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from slurmagent.schedule.cli import plan_cli
+
+    return plan_cli(args.overrides, as_json=args.json)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -433,6 +440,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "sweep is done. Only one supervisor acts on a sweep at a time (a lock); the others follow.",
     )
     sv.add_argument("sweep_dir", type=Path, help=sweep_help)
+    pl = command(
+        "plan",
+        "show what a job would ask Slurm for, and why: GPU type, partition, time, memory, start, cost",
+        "Example: slurmagent plan +experiment=digits_mlp resources.gpus=1 resources.gpu_type=auto resources.time=auto\n"
+        "A table of candidates (GPU type, partition, memory fit, predicted run time, Slurm's predicted start from\n"
+        "`sbatch --test-only`, cost) and the choice; nothing is submitted.",
+    )
+    pl.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m slurmagent")
+    pl.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
     r = command(
         "render",
         "write a standalone sbatch script (and its config) for a login node",
@@ -501,6 +517,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "cancel": cmd_cancel,
         "supervise": cmd_supervise,
         "render": cmd_render,
+        "plan": cmd_plan,
         "version": cmd_version,
         "doctor": cmd_doctor,
         "skill": cmd_skill,
@@ -521,6 +538,7 @@ SUBCOMMANDS = (
     "cancel",
     "supervise",
     "render",
+    "plan",
     "version",
     "doctor",
     "skill",

@@ -33,10 +33,15 @@ class ResourcesConf:
     nodes: int = 1  # nodes per task (more than 1 = a multi-node torch.distributed job)
     tasks_per_node: int = 1  # processes per node (usually one per GPU)
     cpus_per_task: int = 1  # CPU cores per process
-    mem: str | None = "1G"  # memory per node, Slurm size syntax (500M, 4G); None = partition default
+    # memory per node, Slurm size syntax (500M, 4G); None = partition default; auto = from history
+    mem: str | None = "1G"
     gpus: int = 0  # GPUs per node
-    gpu_type: str | None = None  # GPU model (a100, t4…); None = any type
-    time: str = "00:30:00"  # wall-clock limit, Slurm syntax ([D-]HH:MM:SS or minutes)
+    gpu_type: str | None = None  # GPU model (a100, t4…); None = any type; auto = placed by slurmagent (schedule/)
+    time: str = "00:30:00"  # wall-clock limit, Slurm syntax ([D-]HH:MM:SS or minutes); auto = from history
+    # the least time the job may be started with (--time-min): backfill may start it in a shorter
+    # hole, and it requeues at that limit and resumes; None = off (time=auto sets it for checkpointed jobs)
+    time_min: str | None = None
+    priority: str = "normal"  # urgent | normal | background: the site's partition/QoS for it (site.priorities)
     qos: str | None = None  # quality of service
     account: str | None = None  # account to charge
     constraint: str | None = None  # node features required (Slurm --constraint expression)
@@ -89,18 +94,54 @@ class GpuConf:
     """One GPU type of the site's catalogue (conf/site/default.yaml)."""
 
     memory_gib: float  # memory per GPU, GiB
+    throughput: float = 1.0  # training speed relative to an A100 (80 GB) = 1.0: run time scales as 1/throughput
+    price_per_hour: float = 0.0  # what one GPU-hour costs (the site's unit of money); 0 = not priced
+
+
+@dataclass  # not frozen: merged by OmegaConf like GpuConf
+class PriorityConf:
+    """Where jobs of one priority run (site.priorities.NAME); None = Slurm's default."""
+
+    partition: str | None = None
+    qos: str | None = None
+
+
+PRIORITIES = ("urgent", "normal", "background")
+
+
+@dataclass(frozen=True)
+class SchedulingConf:
+    """How slurmagent sizes and places jobs (site.scheduling.*; slurmagent/schedule/)."""
+
+    history: str = ""  # the job history database: "" = history.sqlite in the user's state dir; a path (shared)
+    inflation: float = 1.2  # predicted run time and memory × this (an under-estimate costs a requeue)
+    recent: int = 2  # predict from the mean of this many most recent runs of the same work
+    fallback_time: str = "01:00:00"  # time=auto without history (capped by the partition's limit)
+    time_min_fraction: float = 0.25  # time=auto on a checkpointed job: --time-min = this × the prediction
+    # keys of a task's overrides that do not change its run time or memory (fnmatch patterns): the
+    # history's fingerprint of a task's work leaves them out
+    ignore_in_fingerprint: list[str] = field(
+        default_factory=lambda: ["*lr", "*.lr_*", "optim.*", "seed", "*.seed", "hpo.*", "adapt.*", "hydra.*"]
+    )
+    max_jobs_per_partition: dict[str, int] = field(default_factory=dict)  # the user's active+pending jobs, at most
 
 
 @dataclass(frozen=True)
 class SiteConf:
-    """The site's hardware facts Slurm does not know (site.*; conf/site/default.yaml)."""
+    """The site's facts Slurm does not know (site.*; conf/site/default.yaml): the GPU
+    catalogue, what the priorities map to, how jobs are sized and placed."""
 
     gpus: dict[str, GpuConf] = field(default_factory=dict)  # GRES type name → what the GPU is
+    priorities: dict[str, PriorityConf] = field(default_factory=dict)  # urgent | normal | background → where
+    scheduling: SchedulingConf = field(default_factory=SchedulingConf)
 
     def memory_gib(self, gpu_type: str | None) -> float | None:
         """Memory per GPU of a type; None for an unknown (or no) type."""
-        gpu = self.gpus.get(str(gpu_type).lower()) if gpu_type else None
+        gpu = self.gpu(gpu_type)
         return gpu.memory_gib if gpu is not None else None
+
+    def gpu(self, gpu_type: str | None) -> GpuConf | None:
+        return self.gpus.get(str(gpu_type).lower()) if gpu_type else None
 
 
 def site_conf(raw: Mapping[str, Any] | None) -> SiteConf:
@@ -108,10 +149,55 @@ def site_conf(raw: Mapping[str, Any] | None) -> SiteConf:
     user's own Hydra app, a sweep recorded before it existed)."""
     if raw is None:
         return default_site()
-    gpus = raw.get("gpus") or {}
-    if not isinstance(gpus, Mapping):
-        raise ConfigError(f"site.gpus must map GPU types to {{memory_gib: …}}, not {gpus!r}")
-    return SiteConf({str(k): parse_conf(GpuConf, v, f"site.gpus.{k}") for k, v in gpus.items()})
+    raw = dict(raw)
+    gpus = raw.pop("gpus", None) or {}
+    priorities = raw.pop("priorities", None) or {}
+    for key, value in (("gpus", gpus), ("priorities", priorities)):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"site.{key} must be a mapping, not {value!r}")
+    unknown = [k for k in priorities if k not in PRIORITIES]
+    if unknown:
+        raise ConfigError(f"site.priorities.{unknown[0]}: not a priority; valid: {choices(PRIORITIES)}")
+    scheduling = parse_conf(SchedulingConf, raw.pop("scheduling", None), "site.scheduling")
+    if unknown := list(raw):
+        raise unknown_key("site", unknown[0], [f.name for f in dataclasses.fields(SiteConf)])
+    if scheduling.inflation < 1 or scheduling.recent < 1 or not 0 < scheduling.time_min_fraction <= 1:
+        raise ConfigError(
+            "site.scheduling: need inflation ≥ 1, recent ≥ 1 and 0 < time_min_fraction ≤ 1 "
+            f"(inflation={scheduling.inflation}, recent={scheduling.recent}, "
+            f"time_min_fraction={scheduling.time_min_fraction})"
+        )
+    slurm_time_to_seconds(scheduling.fallback_time)
+    catalogue = {str(k): parse_conf(GpuConf, v, f"site.gpus.{k}") for k, v in gpus.items()}
+    for name, gpu in catalogue.items():
+        if gpu.memory_gib <= 0 or gpu.throughput <= 0 or gpu.price_per_hour < 0:
+            raise ConfigError(
+                f"site.gpus.{name}: need memory_gib > 0, throughput > 0, price_per_hour ≥ 0 "
+                f"({gpu.memory_gib}, {gpu.throughput}, {gpu.price_per_hour})"
+            )
+    return SiteConf(
+        catalogue,
+        {str(k): parse_conf(PriorityConf, v, f"site.priorities.{k}") for k, v in priorities.items()},
+        scheduling,
+    )
+
+
+@dataclass(frozen=True)
+class BudgetConf:
+    """The `budget` group: what one sweep may spend (0 = no limit). Checked on the prediction
+    before anything is submitted, and on what sacct measured before each new submission."""
+
+    gpu_hours: float = 0.0  # GPU-hours of the sweep's jobs (allocated GPUs × elapsed)
+    cost: float = 0.0  # in the catalogue's prices (site.gpus.TYPE.price_per_hour)
+    user_month_gpu_hours: float = 0.0  # the user's GPU-hours this calendar month (all jobs, from sacct)
+
+
+def budget_conf(raw: Mapping[str, Any] | None) -> BudgetConf:
+    conf = parse_conf(BudgetConf, raw, "budget")
+    for key in ("gpu_hours", "cost", "user_month_gpu_hours"):
+        if getattr(conf, key) < 0:
+            raise ConfigError(f"budget.{key}={getattr(conf, key)} must be 0 (no limit) or positive")
+    return conf
 
 
 @cache
@@ -382,10 +468,24 @@ def validate_resources(res: ResourcesConf) -> None:
         raise ConfigError(f"resources.gpus={res.gpus} must be 0 or more")
     if res.gpu_type is not None and res.gpus == 0:
         raise ConfigError(f"resources.gpu_type={res.gpu_type!r} is set but resources.gpus=0; ask for at least 1 GPU")
-    if res.mem is not None:
+    if res.mem is not None and res.mem != AUTO:
         mem_to_mb(res.mem)
-    if slurm_time_to_seconds(res.time) <= 0:
-        raise ConfigError(f"resources.time={res.time!r} must be longer than zero")
+    if res.time != AUTO and slurm_time_to_seconds(res.time) <= 0:
+        raise ConfigError(f"resources.time={res.time!r} must be longer than zero (or auto)")
+    if res.time_min is not None:
+        lo = slurm_time_to_seconds(res.time_min)
+        if lo <= 0 or (res.time != AUTO and lo > slurm_time_to_seconds(res.time)):
+            raise ConfigError(f"resources.time_min={res.time_min!r} must be above zero and at most resources.time")
+    if res.priority not in PRIORITIES:
+        raise ConfigError(f"resources.priority={res.priority!r} is not one of {choices(PRIORITIES)}")
+
+
+AUTO = "auto"  # resources.gpu_type / time / mem: decided by slurmagent (slurmagent/schedule/)
+
+
+def auto_keys(res: ResourcesConf) -> list[str]:
+    """The resources a spec leaves to slurmagent."""
+    return [k for k in ("gpu_type", "time", "mem") if getattr(res, k) == AUTO]
 
 
 def validate_task(task: TaskConf) -> None:
@@ -557,6 +657,7 @@ def register_configs() -> None:
     groups = {"resources": ResourcesConf, "checkpoint": CheckpointConf, "recovery": RecoveryConf}
     spec: dict[str, Any] = {"cluster": "auto", **{k: _typed(v) for k, v in groups.items()}}
     spec.update(task=_typed(TaskConf), health=_typed(HealthConf), site=_typed(SiteConf), hpo=_typed(HpoConf))
+    spec["budget"] = _typed(BudgetConf)  # the sweep's spending limits (schedule/budget.py)
     spec["adapt"] = _typed(AdaptConf)  # the in-loop controller (runtime/adapt.py): typed, not a job-spec group
     group, name = SPEC_NODE.split("/")
     store.store(group=group, name=name, node=spec, package="_global_", provider="slurmagent")

@@ -58,6 +58,10 @@ class TaskFailedError(SlurmAgentError, RuntimeError):
     """A task ended without a result; the message names its final state and reason."""
 
 
+class BudgetExceeded(ConfigError):
+    """A sweep's predicted use exceeds its budget: refused before anything is submitted."""
+
+
 class PolicyError(ConfigError):
     """A safety policy (conf/policy/*.yaml) is invalid or cannot be found."""
 

@@ -24,7 +24,15 @@ __all__ = [
 
 # the last two are the step loop's own (runtime/adapt.py): changes within the run, asked from inside it
 ActionKind = Literal[
-    "requeue", "resubmit", "exclude_node", "cancel", "drain_node", "delete_checkpoint", "decay_lr", "restart_schedule"
+    "requeue",
+    "resubmit",
+    "exclude_node",
+    "cancel",
+    "drain_node",
+    "delete_checkpoint",
+    "decay_lr",
+    "restart_schedule",
+    "priority_urgent",  # a sweep asks for resources.priority=urgent (it may preempt others' background work)
 ]
 ACTION_KINDS: tuple[str, ...] = get_args(ActionKind)
 # what a policy rule may decide

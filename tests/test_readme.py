@@ -143,3 +143,40 @@ def test_the_search_command_runs_locally_on_a_small_budget(tmp_path: Path) -> No
     assert trials["finished"] and trials["spent_epochs"] <= 10 and trials["rungs"] == [1, 3]
     best = json.loads((sweep / "hpo" / "best.json").read_text())
     assert best["epochs"] == 3 and best["value"] < 0.5 and "model.width=" in best["reproduce"]
+
+
+def test_the_plan_and_auto_commands_run_locally(tmp_path: Path) -> None:
+    """The README's `plan` and `auto` commands as written, on the local backend (no Slurm
+    here: no GPU types or partitions to choose from; time and memory from the fallback, then
+    from the history the sweep leaves)."""
+    block = next(b for b in blocks("bash") if "slurmagent plan" in b)
+    plan_line, sweep_cmd = block.split("\n", 1)
+    env = local_env(SLURMAGENT_STATE_DIR=str(tmp_path / "state"))
+    plan = subprocess.run(
+        [sys.executable, "-m", "slurmagent", *shlex.split(plan_line)[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "resources.time=01:00:00: no finished run of this work in the history" in plan.stdout, plan.stdout
+    assert not (tmp_path / "multirun").exists()  # nothing run
+    argv = shlex.split(sweep_cmd.replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "slurmagent"]
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, *argv[1:], f"hydra.sweep.dir={sweep}", "hydra.launcher.poll_interval_s=0.5"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((sweep / "sweep.json").read_text())
+    assert [t["state"] for t in state["tasks"]] == ["COMPLETED", "COMPLETED"]
+    assert state["schedule"]["predicted"]["gpu_hours"] == pytest.approx(2.0)  # 2 tasks × the 1 h fallback
+    decided = {d["key"] for p in state["schedule"]["plans"] for d in p["decisions"]}
+    assert decided == {"resources.gpu_type", "resources.time", "resources.mem"}

@@ -150,6 +150,7 @@ class HpoSweeper(Sweeper):
         space = self._space(arguments, conf)
         reps = self._representatives(space, conf)
         self._check_fidelity_key(reps[0], conf)
+        impl.one_spec = True
         checked = impl.check(reps)  # every trial's job spec, against the cluster; errors: nothing submitted
         if len({spec_key(s) for s in checked.specs}) > 1:
             raise ConfigError(

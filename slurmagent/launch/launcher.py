@@ -30,9 +30,13 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
 from slurmagent.config import (
+    AUTO,
     JobSpec,
     LauncherConf,
+    SiteConf,
     adapt_conf,
+    auto_keys,
+    budget_conf,
     config_error,
     job_spec,
     parse_conf,
@@ -46,6 +50,10 @@ from slurmagent.job.runner import write_context
 from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
 from slurmagent.launch.sweeper import spec_relevant
+from slurmagent.records import Action
+from slurmagent.safety.audit import AuditLog
+from slurmagent.safety.gate import Gate
+from slurmagent.safety.paths import SWEEP_AUDIT
 from slurmagent.safety.policy import resolve_policy
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name
@@ -53,7 +61,7 @@ from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.control import cancel_sweep
 from slurmagent.supervise.detach import follow_commands, start_detached, supervisor_resources
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
-from slurmagent.supervise.submission import WAITING, submit_waiting
+from slurmagent.supervise.submission import WAITING, current_user, submit_waiting
 from slurmagent.supervise.supervisor import Supervisor
 from slurmagent.supervise.views import sweep_table, terminal
 
@@ -91,6 +99,8 @@ class Checked:
     specs: list[JobSpec]
     backend: str
     max_array: int
+    schedule: dict[str, Any] = dataclasses.field(default_factory=dict)  # SweepState.schedule
+    urgent: bool = False  # resources.priority=urgent, allowed by the policy: recorded through the gate
 
 
 class ArrayLauncher:
@@ -104,6 +114,8 @@ class ArrayLauncher:
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self.slurm = SlurmCLI()
+        # a search runs every trial with one spec: its `auto` values are the most any trial is predicted to need
+        self.one_spec = False
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -168,8 +180,17 @@ class ArrayLauncher:
             )
         backend = resolve_backend(specs[0].cluster, self.slurm)
         max_array = conf.max_array_size
-        if backend == "slurm":
-            info = ClusterInfo.query(self.slurm)
+        info = ClusterInfo.query(self.slurm) if backend == "slurm" else None
+        urgent = any(s.resources.priority == "urgent" for s in specs)
+        if urgent:
+            self._may_use_urgent(sweep_dir)
+        try:
+            specs, schedule = self._schedule(job_overrides, specs, info)
+        except ConfigError as exc:
+            raise type(exc)(
+                f"{exc}{'' if 'nothing was submitted' in str(exc) else '; nothing was submitted'}"
+            ) from None
+        if info is not None:
             for spec in {spec_key(s.resources): s for s in specs}.values():
                 try:
                     check_fits(spec.resources, info)
@@ -195,7 +216,94 @@ class ArrayLauncher:
                     )
         max_array = max_array or 1001
 
-        return Checked(conf, console, sweep_dir, specs, backend, max_array)
+        return Checked(conf, console, sweep_dir, specs, backend, max_array, schedule, urgent)
+
+    # -- resource scheduling: auto values, priority, budget (slurmagent/schedule/) ----------
+    def _site(self) -> SiteConf:
+        assert self.config is not None
+        return site_conf(spec_dict(self.config, ("site",)).get("site"))
+
+    def _may_use_urgent(self, sweep_dir: Path) -> None:
+        """resources.priority=urgent is a rule of the sweep's policy (action priority_urgent)."""
+        decision = resolve_policy(sweep_dir).decide(self._urgent_action(sweep_dir))
+        if decision.verdict != "allow":
+            raise ConfigError(
+                f"resources.priority=urgent is not allowed for user {current_user()!r} by the policy (rule "
+                f"{decision.rule or 'none matched'}: {decision.verdict}); valid priorities for you: normal, "
+                "background; nothing was submitted"
+            )
+
+    @staticmethod
+    def _urgent_action(sweep_dir: Path) -> Action:
+        return Action(
+            kind="priority_urgent",
+            target=str(sweep_dir),
+            reason="the sweep asks for resources.priority=urgent",
+            context={"user": current_user(), "source": "launcher"},
+        )
+
+    def _schedule(
+        self, job_overrides: Sequence[Sequence[str]], specs: list[JobSpec], info: ClusterInfo | None
+    ) -> tuple[list[JobSpec], dict[str, Any]]:
+        """Each task's spec with its auto values and priority resolved (schedule/plan.py), and
+        the sweep's predicted use checked against its budget. Nothing to do: the specs as given."""
+        assert self.config is not None
+        from slurmagent.schedule.budget import check_prediction, total
+        from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
+        from slurmagent.schedule.plan import Plan, plan_spec
+
+        site = self._site()
+        budget = budget_conf(spec_dict(self.config, ("budget",)).get("budget"))
+        capped = bool(budget.gpu_hours or budget.cost or budget.user_month_gpu_hours)
+        mapped = any(p.partition or p.qos for p in site.priorities.values())
+        if not (capped or mapped or any(auto_keys(s.resources) for s in specs)):
+            return specs, {}
+        history = HistoryStore(default_history_path(site.scheduling.history))
+        experiment = self._job_name()
+        plans: dict[tuple[str, tuple[str, ...]], Plan] = {}
+        per_task: list[Plan] = []
+        for overrides, spec in zip(job_overrides, specs, strict=True):
+            fp = fingerprint(experiment, overrides, site.scheduling.ignore_in_fingerprint)
+            key = (spec_key(spec), (fp,))
+            if key not in plans:
+                plans[key] = plan_spec(
+                    spec,
+                    experiment=experiment,
+                    overrides=overrides,
+                    site=site,
+                    history=history,
+                    cluster=info,
+                    slurm=self.slurm if info is not None else None,
+                    need_gib=self._need_gib(overrides) if spec.resources.gpu_type == AUTO else None,
+                )
+            per_task.append(plans[key])
+        if self.one_spec and per_task:
+            widest = max(per_task, key=lambda p: p.run_s)
+            per_task = [widest] * len(per_task)
+            plans = {("all", ()): widest}
+        predicted = total(p.usage(site) for p in per_task)
+        month = None
+        if budget.user_month_gpu_hours and info is not None:
+            start = time.strftime("%Y-%m-01T00:00:00")
+            month = sum(u.gpu_seconds for u in self.slurm.user_usage_since(current_user(), start)) / 3600
+        check_prediction(budget, predicted, month)
+        schedule = {
+            "budget": dataclasses.asdict(budget),
+            "predicted": dataclasses.asdict(predicted),
+            "plans": [p.record() for p in plans.values()],
+            "history": str(history.path),
+        }
+        resolved = [dataclasses.replace(s, resources=p.resources) for s, p in zip(specs, per_task, strict=True)]
+        return resolved, schedule
+
+    def _need_gib(self, overrides: Sequence[str]) -> float | None:
+        """The config validator's estimate of the GPU memory the task needs (None: no recipe)."""
+        assert self.config is not None and self.hydra_context is not None
+        from slurmagent.skills.config_validator import GIB, estimate_memory
+
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        est = estimate_memory(spec_dict(cfg, tuple(str(k) for k in cfg if k != "hydra")))
+        return est.total_bytes / GIB if est is not None else None
 
     def open_sweep(
         self, checked: Checked, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
@@ -244,8 +352,13 @@ class ArrayLauncher:
             site = site_conf(spec_dict(self.config, ("site",)).get("site"))
             new = SweepState(str(sweep_dir), backend, str(folder), time.time(), [], [], context_path=str(ctx_path))
             new.launcher, new.job_name, new.site = dataclasses.asdict(conf), name, dataclasses.asdict(site)
+            new.schedule = checked.schedule
             add(new)
             store.create(new)
+            if checked.urgent:  # the policy allowed it at the check; recorded through the gate now
+                Gate(AuditLog(sweep_dir / SWEEP_AUDIT), {"priority_urgent": lambda _a: {"granted": True}}).request(
+                    self._urgent_action(sweep_dir)
+                )
         return store, records, ids
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

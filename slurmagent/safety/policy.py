@@ -41,6 +41,7 @@ class When:
     source_in: list[str] | None = None  # who asked: e.g. health_check:CRITICAL, recovery, runtime
     cause_in: list[str] | None = None  # the diagnosis cause: host_oom, time_limit, node_failure…
     params_any: list[str] | None = None  # the action changes one of these parameters (mem, time, exclude…)
+    user_in: list[str] | None = None  # the user who asks (the launcher's, the supervisor's)
 
     def matches(self, ctx: dict[str, Any], params: dict[str, Any]) -> bool:
         bounds = (
@@ -55,7 +56,12 @@ class When:
                 return False  # a bound on something the action does not report does not hold
             if (lo is not None and raw < lo) or (hi is not None and raw > hi):
                 return False
-        for allowed, key in ((self.qos_in, "qos"), (self.source_in, "source"), (self.cause_in, "cause")):
+        for allowed, key in (
+            (self.qos_in, "qos"),
+            (self.source_in, "source"),
+            (self.cause_in, "cause"),
+            (self.user_in, "user"),
+        ):
             if allowed is not None and str(ctx.get(key)) not in allowed:
                 return False
         return self.params_any is None or any(k in params for k in self.params_any)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from slurmagent.config import RecoveryConf, ResourcesConf
+from slurmagent.config import RecoveryConf, ResourcesConf, auto_keys
 from slurmagent.errors import ConfigError, choices
 
 # sbatch long options that `resources.extra` may set. Options that ResourcesConf owns
@@ -60,6 +60,7 @@ OWNED = (
     "mem",
     "gres",
     "time",
+    "time-min",
     "qos",
     "account",
     "constraint",
@@ -102,13 +103,23 @@ def sbatch_flags(res: ResourcesConf) -> dict[str, str]:
     """Long option name (without --) → value, in a stable order. Values are checked to be
     safe in an #SBATCH line; a bad one is a ConfigError naming the key."""
     flags = _raw_flags(res)
-    keys = {"ntasks-per-node": "tasks_per_node", "cpus-per-task": "cpus_per_task", "gres": "gpu_type"}
+    keys = {
+        "ntasks-per-node": "tasks_per_node",
+        "cpus-per-task": "cpus_per_task",
+        "gres": "gpu_type",
+        "time-min": "time_min",
+    }
     for flag, value in flags.items():
         _check_value(keys.get(flag, flag if hasattr(res, flag) else f"extra.{flag}"), value)
     return flags
 
 
 def _raw_flags(res: ResourcesConf) -> dict[str, str]:
+    if auto := auto_keys(res):
+        raise ConfigError(
+            f"resources.{auto[0]}=auto is decided when the job is launched or planned "
+            "(python -m slurmagent … -m, slurmagent plan …); give a value to render a script"
+        )
     flags: dict[str, str] = {}
     if res.partition:
         flags["partition"] = res.partition
@@ -121,6 +132,8 @@ def _raw_flags(res: ResourcesConf) -> dict[str, str]:
     if gres:
         flags["gres"] = gres
     flags["time"] = res.time
+    if res.time_min:
+        flags["time-min"] = res.time_min
     for key in ("qos", "account", "constraint", "exclude"):
         value = getattr(res, key)
         if value:

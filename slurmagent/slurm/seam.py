@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from slurmagent.errors import SlurmCommandError, SlurmUnavailableError, SubmissionRefused
+from slurmagent.errors import ConfigError, SlurmCommandError, SlurmUnavailableError, SubmissionRefused
 from slurmagent.slurm.syntax import expand_array_id
 
 ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr"})
@@ -254,6 +254,40 @@ class SlurmCLI:
         """How many jobs of `user` the controller holds now, pending or running (array tasks each)."""
         return len(self.run(["squeue", "-h", "-r", "-u", user, "-o", "%i"]).split())
 
+    def default_partition(self) -> str | None:
+        """The partition a job without --partition runs in (sinfo marks it with *)."""
+        for name in self.run(["sinfo", "-h", "-o", "%P"]).split():
+            if name.endswith("*"):
+                return name[:-1]
+        return None
+
+    def jobs_by_partition(self, user: str) -> dict[str, int]:
+        """`user`'s jobs the controller holds now (pending or running, array tasks each), by partition."""
+        out: dict[str, int] = {}
+        for part in self.run(["squeue", "-h", "-r", "-u", user, "-o", "%P"]).split():
+            out[part] = out.get(part, 0) + 1
+        return out
+
+    def usage(self, job_ids: Iterable[str]) -> list[JobUsage]:
+        """What finished (and running) jobs used, from accounting: one row per run of each job."""
+        ids = sorted({j for j in job_ids if j})
+        if not ids:
+            return []
+        return parse_usage(self.run(["sacct", "-n", "-P", "--duplicates", "-j", ",".join(ids), "-o", USAGE_FIELDS]))
+
+    def user_usage_since(self, user: str, start: str) -> list[JobUsage]:
+        """Every job of `user` that ran since `start` (Slurm time, e.g. 2026-12-01T00:00:00)."""
+        out = self.run(["sacct", "-n", "-P", "--duplicates", "-u", user, "-S", start, "-o", USAGE_FIELDS])
+        return parse_usage(out)
+
+    def test_only(self, flags: dict[str, str]) -> TestOnly:
+        """When Slurm's scheduler would start a job with these sbatch long options now
+        (`sbatch --test-only`: nothing is submitted)."""
+        argv = ["sbatch", "--test-only", *(f"--{k}={v}" for k, v in flags.items()), "--wrap=true"]
+        proc = self._runner(argv, self._timeout)
+        self.calls["sbatch"] = self.calls.get("sbatch", 0) + 1
+        return parse_test_only(proc.stderr + proc.stdout)
+
     def jobs_with_comment(self, comment: str, user: str) -> list[str]:
         """The ids of `user`'s jobs (arrays: their own ids) whose --comment is `comment`."""
         out = self.run(["squeue", "-h", "-u", user, "-o", "%F|%k"])
@@ -283,6 +317,122 @@ class SlurmCLI:
     def resume(self, node: str) -> None:
         """Return a drained node to service."""
         self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+USAGE_FIELDS = "JobID,JobName,Partition,Elapsed,Timelimit,MaxRSS,ReqMem,TotalCPU,State,NodeList,AllocTRES,End,Comment"
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """One run of a job as accounting saw it (steps folded in: MaxRSS is their largest)."""
+
+    job_id: str
+    name: str
+    partition: str
+    elapsed_s: int
+    timelimit_s: int | None
+    max_rss_mb: float  # 0 when not measured (no step ended yet)
+    req_mem_mb: int
+    total_cpu_s: float
+    state: str
+    nodes: str
+    gpus: int  # allocated GPUs (AllocTRES gres/gpu), all nodes together
+    end: str
+    comment: str = ""
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.gpus * self.elapsed_s
+
+
+@dataclass(frozen=True)
+class TestOnly:
+    """`sbatch --test-only`'s answer: when the job would start, where; or why it cannot."""
+
+    start: str  # Slurm's timestamp (2026-12-01T18:02:56); "" when refused
+    nodes: str
+    partition: str
+    error: str = ""
+
+
+def _rss_mb(text: str) -> float:
+    t = text.strip()
+    if not t:
+        return 0.0
+    units = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
+    if t[-1].upper() in units:
+        return float(t[:-1]) * units[t[-1].upper()]
+    return float(t) / 2**20  # bytes
+
+
+def _cpu_seconds(text: str) -> float:
+    """sacct's TotalCPU: [D-][HH:]MM:SS[.mmm]."""
+    t = text.strip()
+    if not t:
+        return 0.0
+    days, _, rest = t.rpartition("-")
+    parts = [float(p) for p in rest.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def parse_usage(text: str) -> list[JobUsage]:
+    """`sacct -n -P --duplicates -o USAGE_FIELDS` → one JobUsage per run of each job; step
+    rows (`123.batch`, `123.0`) give the run their largest MaxRSS."""
+    from slurmagent.slurm.syntax import mem_to_mb, parse_time_limit, slurm_time_to_seconds
+
+    runs: list[JobUsage] = []
+    for line in text.splitlines():
+        f = line.split("|")
+        if len(f) < 12:
+            continue
+        job_id, name, part, elapsed, limit, rss, req, cpu, state, nodes, tres, end = (x.strip() for x in f[:12])
+        comment = f[12].strip() if len(f) > 12 else ""
+        if "." in job_id:
+            if runs and runs[-1].job_id == job_id.split(".", 1)[0] and rss:
+                last = runs[-1]
+                runs[-1] = dataclasses.replace(last, max_rss_mb=max(last.max_rss_mb, _rss_mb(rss)))
+            continue
+        gpus = 0
+        for item in tres.split(","):
+            key, _, value = item.partition("=")
+            if key == "gres/gpu" and value.isdigit():
+                gpus = int(value)
+        try:
+            req_mb = mem_to_mb(req.rstrip("nc")) if req else 0
+        except ConfigError:  # an odd ReqMem is not worth failing a whole ingest
+            req_mb = 0
+        runs.append(
+            JobUsage(
+                job_id=job_id,
+                name=name,
+                partition=part,
+                elapsed_s=slurm_time_to_seconds(elapsed) if elapsed else 0,
+                timelimit_s=parse_time_limit(limit),
+                max_rss_mb=_rss_mb(rss),
+                req_mem_mb=req_mb,
+                total_cpu_s=_cpu_seconds(cpu),
+                state=state.split()[0] if state else "UNKNOWN",
+                nodes=nodes,
+                gpus=gpus,
+                end=end,
+                comment=comment,
+            )
+        )
+    return runs
+
+
+def parse_test_only(text: str) -> TestOnly:
+    """`sbatch: Job 1729 to start at 2026-12-01T18:02:56 using 1 processors on nodes a100-1 in
+    partition gpu` → TestOnly; anything else is the reason it would not run."""
+    import re
+
+    m = re.search(r"to start at (\S+) using .* on nodes (\S+) in partition (\S+)", text)
+    if m:
+        return TestOnly(m.group(1), m.group(2), m.group(3))
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return TestOnly("", "", "", lines[-1] if lines else "no answer")
 
 
 def parse_scontrol_fields(text: str) -> dict[str, str]:

@@ -82,6 +82,9 @@ class SweepState:
     submissions: list[dict[str, Any]] = field(default_factory=list)
     held_back: str = ""  # why WAITING tasks are not submitted yet (a submit limit), for people
     max_array: int = 0  # the most tasks one array may hold (hydra.launcher.max_array_size or MaxArraySize)
+    # resource scheduling (slurmagent/schedule/): the budget, the predicted and the measured
+    # use, every automatic choice with its numbers (plan.Plan.record), the tasks in the history
+    schedule: dict[str, Any] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:

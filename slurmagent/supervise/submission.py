@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slurmagent.config import JobSpec, job_spec
+from slurmagent.config import JobSpec, job_spec, site_conf
 from slurmagent.errors import SubmissionRefused
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
@@ -175,10 +175,13 @@ def submit_waiting(
     slurm: SlurmCLI | None,
     max_array: int,
     user: str | None = None,
+    caps: dict[str, int] | None = None,
 ) -> SubmitReport:
     """Submit the WAITING tasks: arrays of at most `max_array` tasks, no more than the user's
-    submit limit allows now. A limit refusal leaves the rest WAITING (`held_back` says
-    why); a permanent one marks that group's tasks REFUSED and goes on with the others."""
+    submit limit allows now, nor the `caps` on the user's active + pending jobs per partition
+    (site.scheduling.max_jobs_per_partition). A limit refusal leaves the rest WAITING
+    (`held_back` says why); a permanent one marks that group's tasks REFUSED and goes on with
+    the others."""
     report = SubmitReport()
     user = user or current_user()
     on_slurm = slurm is not None and state.backend == "slurm"
@@ -198,10 +201,23 @@ def submit_waiting(
         if report.limit is not None:
             room = max(0, report.limit - slurm.queued_jobs(user))
     cap = max(1, max_array)  # halved at each limit refusal of an array: a limit not read may still fit part
+    capped: dict[str, int] = {}  # partition → room left under its cap
+    default_partition = None
+    caps = partition_caps(state) if caps is None else caps
+    if on_slurm and caps:
+        assert slurm is not None
+        held = slurm.jobs_by_partition(user)
+        capped = {p: max(0, n - held.get(p, 0)) for p, n in caps.items()}
+        default_partition = slurm.default_partition()
+    at_cap: list[str] = []
     for spec_id, attempt, tasks in groups:
         spec = job_spec(state.specs[spec_id], require_task=False)
+        partition = spec.resources.partition or default_partition or ""
         while tasks and not report.held_back:
-            size = min(len(tasks), cap, len(tasks) if room is None else room)
+            size = min(len(tasks), cap, len(tasks) if room is None else room, capped.get(partition, len(tasks)))
+            if size <= 0 and partition in capped and capped[partition] <= 0:
+                at_cap.append(f"{caps[partition] if caps else 0} jobs in partition {partition} (your cap)")
+                break
             if size <= 0:
                 report.held_back = f"Slurm's submit limit ({report.limit} jobs per user) is reached"
                 break
@@ -229,11 +245,20 @@ def submit_waiting(
             report.arrays.append(ids[0].split("_")[0])
             if room is not None:
                 room -= len(part)
+            if partition in capped:
+                capped[partition] -= len(part)
         if report.held_back:
             break
+    if at_cap and not report.held_back:
+        report.held_back = "reached " + ", ".join(sorted(set(at_cap)))
     report.waiting = waiting(state)
     state.held_back = report.held_back if report.waiting else ""
     return report
+
+
+def partition_caps(state: SweepState) -> dict[str, int]:
+    """The caps the sweep was launched with (site.scheduling.max_jobs_per_partition)."""
+    return dict(site_conf(state.site).scheduling.max_jobs_per_partition) if state.site is not None else {}
 
 
 def _last_line(text: str) -> str:

@@ -24,6 +24,7 @@ from slurmagent.supervise.lead import Lead
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.submission import RETRY_LIMIT_AFTER_S, WAITING, Submitter, submit_waiting
+from slurmagent.supervise.usage import UsageTracker
 from slurmagent.supervise.views import STUDY_SETTINGS, summary_line, sweep_table, terminal
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ class Supervisor:
 
             self.study = StudyDriver.open(self.store.dir)
         self._last_submit_try = -float("inf")  # monotonic time of the last try at WAITING tasks
+        self.usage = UsageTracker(self.slurm)
 
     # -- one poll ---------------------------------------------------------------
     def _statuses(self, state: SweepState, pending: list[TaskRecord]) -> dict[str, TaskStatus]:
@@ -159,6 +161,7 @@ class Supervisor:
                 asked = self.study.step(state, {int(k) for k in self.recoverer.held()})
                 changed |= asked
                 ended += asked
+            changed |= self.usage.poll(state, ended)  # the history fed, the budget enforced (sacct)
             changed |= self._submit_waiting(state, ended)
         return changed
 

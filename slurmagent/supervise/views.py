@@ -219,6 +219,8 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
     adapted = adapt_line(state)
     if adapted:
         captions.insert(0, adapted)
+    if schedule := schedule_note(state):
+        captions.insert(0, schedule)
     if state.held_back:
         waiting = sum(t.state == "WAITING" for t in state.tasks)
         captions.insert(0, f"{waiting} task(s) wait: {state.held_back}; submitted as earlier ones end")
@@ -338,3 +340,22 @@ def results_table(rows: list[dict[str, Any]], title: str) -> Table:
     for r in rows:
         table.add_row(*(Text(_short(r[c]) if c in r and r[c] is not None else "") for c in cols))
     return table
+
+
+def schedule_note(state: SweepState) -> str:
+    """The sweep's automatic resource choices, its budget and its spend, in one line."""
+    sched = state.schedule or {}
+    parts = []
+    for plan in sched.get("plans", []):
+        chosen = ", ".join(f"{d['key'].split('.')[-1]}={d['value']}" for d in plan.get("decisions", []))
+        if chosen and f"chose {chosen}" not in parts:
+            parts.append(f"chose {chosen}")
+    budget = sched.get("budget") or {}
+    caps = [f"{budget[k]:g} {unit}" for k, unit in (("gpu_hours", "GPU-h"), ("cost", "cost")) if budget.get(k)]
+    spent = sched.get("spent")
+    if caps or spent:
+        used = f"{spent['gpu_hours']:.3f} GPU-h, cost {spent['cost']:.2f}" if spent else "nothing measured yet"
+        parts.append(f"spent {used}" + (f" of budget {' / '.join(caps)}" if caps else ""))
+    if sched.get("stopped"):
+        parts.append(f"budget reached: {sched['stopped']}")
+    return "; ".join(parts)

@@ -147,6 +147,20 @@ def slurm(argv: list[str], env: dict[str, str], check: bool = True, retry_s: flo
         time.sleep(1)
 
 
+def slurmagent_cli(
+    args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m slurmagent ARGS` in `cwd`, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "slurmagent", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env if env is not None else dict(os.environ),
+    )
+
+
 def wait_for(probe: Callable[[], Any], what: str, timeout: float, interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

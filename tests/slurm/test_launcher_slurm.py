@@ -5,25 +5,17 @@ of the fault table, tests/slurm/fault_cases.py.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from fault_cases import slurmagent_cli
 
 pytestmark = pytest.mark.slurm
 
 
 def cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "slurmagent", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=dict(os.environ),
-    )
+    return slurmagent_cli(args, cwd, timeout)
 
 
 def job_count() -> int:

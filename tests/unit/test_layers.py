@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     # environment schema, the stop flag
     ("slurmagent.runtime.checkpoint", "slurmagent.runtime.env", "slurmagent.runtime.signals"),
     ("slurmagent.safety",),
-    ("slurmagent.recovery", "slurmagent.hpo"),
+    ("slurmagent.recovery", "slurmagent.hpo", "slurmagent.schedule"),
     ("slurmagent.skills",),
     ("slurmagent.runtime",),
     ("slurmagent.job",),
@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
         "slurmagent.__main__",
         "slurmagent.render",
         "slurmagent.safety.cli",
+        "slurmagent.schedule.cli",
         "slurmagent.skills.cli",
         "slurmagent.sbatch_templates",
         "hydra_plugins",

@@ -1,0 +1,157 @@
+"""The job history store: what each finished task of the same work used, to size the next.
+
+One row per task run to its end (all its Slurm runs together: a task requeued at its time
+limit has done its work over several runs), fed from `sacct` (Elapsed, MaxRSS, ReqMem,
+TotalCPU, State, nodes, GPUs) and from the runtime (steps/s, from the task's progress).
+Rows are keyed by the fingerprint of the task's work: the experiment and the overrides that
+change run time or memory, not the learning rate or the seed (`site.scheduling.ignore_in_fingerprint`).
+
+SQLite in the user's state directory by default; a site points `site.scheduling.history` at
+a shared file. Concurrent writers are safe (SQLite's own locking, a busy timeout).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+from slurmagent.safety.paths import state_dir
+from slurmagent.slurm.seam import JobUsage
+
+ENDED_STATES = frozenset({"COMPLETED", "TIMEOUT", "OUT_OF_MEMORY", "FAILED"})
+
+
+def override_key(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0]
+
+
+# how a job is run, not what it computes: left out of the fingerprint (but the GPU count stays)
+NOT_WORK = ("resources.*", "cluster", "checkpoint.*", "recovery.*", "health.*", "budget.*", "site.*", "hydra.*")
+WORK_RESOURCES = ("resources.gpus", "resources.nodes", "resources.tasks_per_node")
+
+
+def changes_work(key: str, ignore: Sequence[str]) -> bool:
+    if key in WORK_RESOURCES:
+        return True
+    return not any(fnmatch.fnmatch(key, p) for p in (*NOT_WORK, *ignore))
+
+
+def fingerprint(experiment: str, overrides: Sequence[str], ignore: Sequence[str]) -> str:
+    """A short stable id of a task's work: the experiment and its work-changing overrides
+    (not how it is run: resources other than the GPU count, checkpointing, recovery…)."""
+    kept = sorted(o for o in overrides if changes_work(override_key(o), ignore))
+    digest = hashlib.sha256("\n".join([experiment, *kept]).encode()).hexdigest()[:16]
+    return digest
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One task's work, run to its end."""
+
+    fingerprint: str
+    task_key: str  # the sweep dir and task index: one row per task (a rerun of the ingest replaces it)
+    experiment: str
+    partition: str
+    gpu_type: str  # "" for CPU jobs or an untyped request
+    gpus: int  # allocated GPUs (all nodes)
+    elapsed_s: float  # all its runs together
+    timelimit_s: float  # the last run's limit
+    max_rss_mb: float
+    req_mem_mb: float
+    total_cpu_s: float
+    state: str  # the last run's: COMPLETED, TIMEOUT, OUT_OF_MEMORY, FAILED
+    nodes: str
+    runs: int  # Slurm runs (1 + requeues)
+    steps_per_s: float = 0.0  # from the runtime's progress; 0 = not reported
+    ended_at: float = 0.0
+
+    @property
+    def hit_limit(self) -> bool:
+        return self.state == "TIMEOUT"
+
+
+def row_from_usage(
+    fp: str, task_key: str, experiment: str, gpu_type: str, runs: Sequence[JobUsage], steps_per_s: float = 0.0
+) -> HistoryRow | None:
+    """The task's history row from its Slurm runs (oldest first); None until it has ended."""
+    ended = [r for r in runs if r.state in ENDED_STATES or r.state in ("REQUEUED", "PREEMPTED")]
+    if not runs or runs[-1].state not in ENDED_STATES:
+        return None
+    last = runs[-1]
+    return HistoryRow(
+        fingerprint=fp,
+        task_key=task_key,
+        experiment=experiment,
+        partition=last.partition,
+        gpu_type=gpu_type,
+        gpus=last.gpus,
+        elapsed_s=float(sum(r.elapsed_s for r in ended)),
+        timelimit_s=float(last.timelimit_s or 0),
+        max_rss_mb=max(r.max_rss_mb for r in runs),
+        req_mem_mb=float(last.req_mem_mb),
+        total_cpu_s=sum(r.total_cpu_s for r in runs),
+        state=last.state,
+        nodes=last.nodes,
+        runs=len(ended),
+        steps_per_s=steps_per_s,
+        ended_at=time.time(),
+    )
+
+
+_COLUMNS = [f.name for f in fields(HistoryRow)]
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS runs ("
+    "fingerprint TEXT NOT NULL, task_key TEXT PRIMARY KEY, experiment TEXT, partition TEXT, gpu_type TEXT, "
+    "gpus INTEGER, elapsed_s REAL, timelimit_s REAL, max_rss_mb REAL, req_mem_mb REAL, total_cpu_s REAL, "
+    "state TEXT, nodes TEXT, runs INTEGER, steps_per_s REAL, ended_at REAL)"
+)
+
+
+def default_history_path(configured: str = "") -> Path:
+    return Path(configured).expanduser() if configured else state_dir() / "history.sqlite"
+
+
+class HistoryStore:
+    """`HistoryStore(path)`: add rows, read the recent ones of a fingerprint."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as db:
+            db.execute(_SCHEMA)
+            db.execute("CREATE INDEX IF NOT EXISTS by_fp ON runs (fingerprint, ended_at)")
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def add(self, rows: Iterable[HistoryRow]) -> int:
+        rows = list(rows)
+        if rows:
+            marks = ",".join("?" * len(_COLUMNS))
+            with self._connect() as db:
+                db.executemany(
+                    f"INSERT OR REPLACE INTO runs ({','.join(_COLUMNS)}) VALUES ({marks})", map(astuple, rows)
+                )
+        return len(rows)
+
+    def recent(self, fp: str, limit: int = 20) -> list[HistoryRow]:
+        """The fingerprint's rows, newest first."""
+        with self._connect() as db:
+            cur = db.execute(
+                f"SELECT {','.join(_COLUMNS)} FROM runs WHERE fingerprint = ? ORDER BY ended_at DESC LIMIT ?",
+                (fp, limit),
+            )
+            return [HistoryRow(*row) for row in cur.fetchall()]
+
+    def known(self, task_keys: Iterable[str]) -> set[str]:
+        keys = list(task_keys)
+        if not keys:
+            return set()
+        with self._connect() as db:
+            marks = ",".join("?" * len(keys))
+            return {r[0] for r in db.execute(f"SELECT task_key FROM runs WHERE task_key IN ({marks})", keys)}

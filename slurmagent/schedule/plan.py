@@ -1,0 +1,234 @@
+"""The one owner of `auto` resources and of a job's priority mapping: `plan_spec` asks the
+history and the cluster, calls the pure parts (predict, place), and returns the resources to
+ask for with every number it used — what `slurmagent plan` shows and the launcher submits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmagent.config import AUTO, JobSpec, ResourcesConf, SiteConf, auto_keys
+from slurmagent.errors import ConfigError
+from slurmagent.schedule.budget import Usage, usage_of
+from slurmagent.schedule.history import HistoryStore, fingerprint
+from slurmagent.schedule.place import (
+    Candidate,
+    candidates,
+    choose,
+    proportional_cpus,
+    proportional_mem_mb,
+    usable,
+    with_waits,
+)
+from slurmagent.schedule.predict import Prediction, predict
+from slurmagent.slurm.cluster import ClusterInfo
+from slurmagent.slurm.sbatch import sbatch_flags
+from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.slurm.syntax import mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
+
+LOCAL_MEM_FALLBACK = "1G"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one distinct job (spec × work) will ask for, and why."""
+
+    resources: ResourcesConf  # resolved: no `auto` left
+    fingerprint: str
+    prediction: Prediction
+    candidates: list[Candidate] = field(default_factory=list)
+    chosen: Candidate | None = None
+    decisions: list[dict[str, str]] = field(default_factory=list)  # {key, value, why}
+    run_s: float = 0.0  # the run time the budget counts: predicted, else the time limit
+
+    def usage(self, site: SiteConf) -> Usage:
+        res = self.resources
+        return usage_of(res.gpus * res.nodes, self.run_s, res.gpu_type, site)
+
+    def record(self) -> dict[str, Any]:
+        """For sweep.json (status shows it)."""
+        return {
+            "fingerprint": self.fingerprint,
+            "prediction": self.prediction.basis,
+            "history_runs": self.prediction.runs,
+            "decisions": self.decisions,
+            "candidates": [dataclasses.asdict(c) for c in self.candidates],
+        }
+
+
+def _seconds_until(stamp: str, now: float) -> float | None:
+    try:
+        return max(0.0, dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S").timestamp() - now)
+    except ValueError:
+        return None
+
+
+def checkpointed(spec: JobSpec) -> bool:
+    """The job saves checkpoints, so a time limit only means a clean requeue and resume."""
+    return spec.checkpoint.every_steps > 0 or spec.checkpoint.every_seconds > 0
+
+
+def plan_spec(
+    spec: JobSpec,
+    *,
+    experiment: str,
+    overrides: Sequence[str],
+    site: SiteConf,
+    history: HistoryStore | None,
+    cluster: ClusterInfo | None,
+    slurm: SlurmCLI | None,
+    need_gib: float | None = None,
+    avoid: Collection[str] = (),
+    now: float | None = None,
+) -> Plan:
+    """Resolve `spec`'s auto values and priority; `cluster`/`slurm` None = the local backend."""
+    sched = site.scheduling
+    res = spec.resources
+    fp = fingerprint(experiment, overrides, sched.ignore_in_fingerprint)
+    pred = predict(history.recent(fp) if history is not None else [], site)
+    decisions: list[dict[str, str]] = []
+
+    def decide(key: str, value: Any, why: str) -> None:
+        decisions.append({"key": f"resources.{key}", "value": str(value), "why": why})
+
+    mapped = site.priorities.get(res.priority)
+    if mapped is not None:
+        for key in ("partition", "qos"):
+            value = getattr(mapped, key)
+            if value and getattr(res, key) is None:
+                res = dataclasses.replace(res, **{key: value})
+                decide(key, value, f"resources.priority={res.priority} (site.priorities.{res.priority}.{key})")
+    auto = auto_keys(res)
+    if res.gpu_type == AUTO and res.gpus == 0:
+        raise ConfigError("resources.gpu_type=auto needs resources.gpus ≥ 1 (a CPU job has no GPU type to choose)")
+    if not auto:
+        return Plan(res, fp, pred, decisions=decisions, run_s=_run_s(res, pred, site))
+    fallback_s = slurm_time_to_seconds(sched.fallback_time)
+    if cluster is None or slurm is None:  # local: no GPU types, no partitions
+        return _plan_local(spec, res, fp, pred, site, fallback_s, decisions)
+
+    part_name = res.partition or cluster.default_partition or ""
+    part = cluster.partitions.get(part_name)
+    if part is not None and part.max_time_s is not None:
+        fallback_s = min(fallback_s, part.max_time_s)
+    cands = candidates(res, need_gib, pred.reference_s, fallback_s, site, cluster, avoid, sched.inflation)
+    if not cands:
+        raise ConfigError(
+            f"resources.gpu_type=auto: no usable node of partition {part_name!r} has {res.gpus} GPU(s) of one type; "
+            "nothing was submitted"
+        )
+    trial = [c for c in cands if c.fits] or cands
+    waits: dict[tuple[str, str | None], tuple[float | None, str]] = {}
+    stamp = time.time() if now is None else now
+    for c in trial:
+        probe = _fill(res, c, c.run_s, pred, cluster, spec, site)
+        answer = slurm.test_only(sbatch_flags(dataclasses.replace(probe, time_min=None)))
+        if answer.start:
+            waits[(c.partition, c.gpu_type)] = (
+                _seconds_until(answer.start, stamp),
+                f"{answer.start} on {answer.nodes}",
+            )
+        else:
+            waits[(c.partition, c.gpu_type)] = (None, answer.error)
+    cands = with_waits(cands, waits)
+    if res.gpu_type == AUTO:
+        chosen, why = choose(cands)
+        decide("gpu_type", chosen.gpu_type, why)
+        if res.partition is None:
+            res = dataclasses.replace(res, partition=chosen.partition)
+    else:
+        chosen = next(c for c in cands if c.gpu_type == res.gpu_type or c.gpu_type is None)
+    resolved = _fill(res, chosen, chosen.run_s, pred, cluster, spec, site, decide)
+    return Plan(resolved, fp, pred, cands, chosen, decisions, run_s=_run_s(resolved, pred, site))
+
+
+def _run_s(res: ResourcesConf, pred: Prediction, site: SiteConf) -> float:
+    """What the budget counts a task as running: the prediction on its GPU type (at most its
+    limit), else its limit (the most it can use)."""
+    gpu = site.gpu(res.gpu_type)
+    predicted = pred.expected_on(gpu.throughput if gpu is not None else 1.0, site.scheduling.inflation)
+    limit = float(slurm_time_to_seconds(res.time)) if res.time != AUTO else 0.0
+    if predicted is None:
+        return limit
+    return min(predicted, limit) if limit else predicted
+
+
+def _fill(
+    res: ResourcesConf,
+    chosen: Candidate,
+    run_s: int,
+    pred: Prediction,
+    cluster: ClusterInfo,
+    spec: JobSpec,
+    site: SiteConf,
+    decide: Any = None,
+) -> ResourcesConf:
+    """`res` with its auto values replaced for the chosen candidate."""
+    note = decide or (lambda *_: None)
+    nodes = [cluster.nodes[n] for n in chosen.nodes if n in cluster.nodes and usable(cluster.nodes[n], ())]
+    out = res
+    if res.gpu_type == AUTO:
+        out = dataclasses.replace(out, gpu_type=chosen.gpu_type)
+        cpus = proportional_cpus(res, nodes, chosen.gpu_type)
+        if cpus != res.cpus_per_task:
+            out = dataclasses.replace(out, cpus_per_task=cpus)
+            note("cpus_per_task", cpus, f"in proportion to {res.gpus} GPU(s) of a {chosen.gpu_type} node")
+    if res.time == AUTO:
+        time_s = run_s
+        part = cluster.partitions.get(chosen.partition)
+        if part is not None and part.max_time_s is not None:
+            time_s = min(time_s, part.max_time_s)
+        out = dataclasses.replace(out, time=seconds_to_slurm_time(time_s))
+        why = (
+            f"predicted: {pred.basis}, on {chosen.gpu_type or 'CPU'}"
+            if pred.reference_s is not None
+            else f"no history: site.scheduling.fallback_time={site.scheduling.fallback_time}"
+        )
+        note("time", out.time, why)
+        if res.time_min is None and checkpointed(spec):
+            lo = max(2 * spec.recovery.signal_delay_s + 60, site.scheduling.time_min_fraction * time_s)
+            lo = min(time_s, math.ceil(lo / 60) * 60)
+            out = dataclasses.replace(out, time_min=seconds_to_slurm_time(int(lo)))
+            note(
+                "time_min",
+                out.time_min,
+                "checkpointed: backfill may start it in a shorter hole; it requeues at that limit",
+            )
+    if res.mem == AUTO:
+        if pred.mem_mb is not None:
+            mem_mb, why = pred.mem_mb, f"largest MaxRSS of recent runs × {site.scheduling.inflation}"
+        else:
+            mem_mb = proportional_mem_mb(out, nodes, out.gpu_type) or mem_to_mb(LOCAL_MEM_FALLBACK)
+            why = "no history: a share of the node's memory in proportion to the GPUs (CPUs) asked"
+        out = dataclasses.replace(out, mem=f"{mem_mb}M")
+        note("mem", out.mem, why)
+    return out
+
+
+def _plan_local(
+    spec: JobSpec,
+    res: ResourcesConf,
+    fp: str,
+    pred: Prediction,
+    site: SiteConf,
+    fallback_s: int,
+    decisions: list[dict[str, str]],
+) -> Plan:
+    out = res
+    if res.gpu_type == AUTO:
+        out = dataclasses.replace(out, gpu_type=None)
+        decisions.append({"key": "resources.gpu_type", "value": "None", "why": "the local backend has no GPU types"})
+    if res.time == AUTO:
+        seconds = pred.seconds_on(1.0, site.scheduling.inflation) or fallback_s
+        out = dataclasses.replace(out, time=seconds_to_slurm_time(seconds))
+        decisions.append({"key": "resources.time", "value": out.time, "why": pred.basis})
+    if res.mem == AUTO:
+        out = dataclasses.replace(out, mem=f"{pred.mem_mb}M" if pred.mem_mb else LOCAL_MEM_FALLBACK)
+        decisions.append({"key": "resources.mem", "value": str(out.mem), "why": pred.basis})
+    return Plan(out, fp, pred, decisions=decisions, run_s=_run_s(out, pred, site))

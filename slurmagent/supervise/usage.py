@@ -1,0 +1,129 @@
+"""What a sweep's jobs used, from accounting: fed to the job history when tasks end, and
+checked against the sweep's budget while it runs (the supervisor calls `UsageTracker.poll`).
+
+Once the measured spend reaches a cap, no new task starts: the sweep's jobs that are still
+pending (never started) are cancelled through the gate (action `cancel`, source `budget`)
+and its WAITING tasks are not submitted; running tasks finish. `status` shows the spend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from slurmagent.config import budget_conf, site_conf
+from slurmagent.records import Action
+from slurmagent.safety.audit import AuditLog
+from slurmagent.safety.gate import Gate
+from slurmagent.safety.paths import SWEEP_AUDIT
+from slurmagent.schedule.budget import Usage, reached, usage_of
+from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint, row_from_usage
+from slurmagent.slurm.seam import JobUsage, SlurmCLI
+from slurmagent.supervise.state import SweepState, TaskRecord
+from slurmagent.supervise.submission import WAITING, current_user
+
+log = logging.getLogger(__name__)
+
+SPEND_EVERY_S = 10.0  # how often a budgeted sweep's spend is measured (one sacct call)
+INGEST_EVERY_S = 30.0  # ended tasks go to the history at most this often, and when the sweep is done
+INGEST_STATES = frozenset({"COMPLETED", "TIMEOUT", "OUT_OF_MEMORY"})
+
+
+class UsageTracker:
+    def __init__(self, slurm: SlurmCLI, clock: Callable[[], float] = time.monotonic) -> None:
+        self.slurm = slurm
+        self._clock = clock
+        self._last = -float("inf")
+        self._last_ingest = clock()
+
+    def poll(self, state: SweepState, ended: int) -> bool:
+        """One sacct call when tasks ended (history) or the budget is due a look; True when
+        the state changed."""
+        if state.backend != "slurm":
+            return False
+        budget = budget_conf(state.schedule.get("budget"))
+        capped = bool(budget.gpu_hours or budget.cost) and not state.schedule.get("stopped")
+        done = set(state.schedule.get("ingested", []))
+        to_ingest = [t for t in state.tasks if t.state in INGEST_STATES and t.index not in done and t.attempts]
+        # measured when tasks ended too: a waiting task is submitted right after, and must not be if the cap is reached
+        due = capped and (ended > 0 or self._clock() - self._last >= SPEND_EVERY_S)
+        if not to_ingest and not due:
+            return False
+        jobs = {a.job_id: t for t in state.tasks for a in t.attempts if a.job_id}
+        try:  # by the sweep's own job ids (arrays: every task), like the status query
+            usages = self.slurm.usage(state.array_ids)
+        except Exception as exc:
+            log.warning("could not read the sweep's usage from sacct: %s", exc)
+            return False
+        by_job: dict[str, list[JobUsage]] = {}
+        for u in usages:
+            by_job.setdefault(u.job_id, []).append(u)
+        if to_ingest:
+            self._last_ingest = self._clock()
+        changed = self._ingest(state, to_ingest, by_job)
+        if due:
+            self._last = self._clock()
+            changed |= self._spend(state, budget, jobs, by_job)
+        return changed
+
+    def _ingest(self, state: SweepState, tasks: list[TaskRecord], by_job: dict[str, list[JobUsage]]) -> bool:
+        site = site_conf(state.site)
+        rows = []
+        for task in tasks:
+            runs = [u for a in task.attempts for u in by_job.get(a.job_id, [])]
+            gpu_type = str(state.spec_of(task).get("resources", {}).get("gpu_type") or "")
+            fp = fingerprint(state.job_name, task.overrides, site.scheduling.ignore_in_fingerprint)
+            row = row_from_usage(fp, f"{state.sweep_dir}#{task.index}", state.job_name, gpu_type, runs)
+            if row is not None:
+                rows.append((task.index, row))
+        if not rows:
+            return False
+        try:
+            HistoryStore(default_history_path(site.scheduling.history)).add(r for _, r in rows)
+        except Exception as exc:
+            log.warning("could not write the job history: %s", exc)
+            return False
+        state.schedule["ingested"] = sorted({*state.schedule.get("ingested", []), *(i for i, _ in rows)})
+        return True
+
+    def _spend(
+        self, state: SweepState, budget: Any, jobs: dict[str, TaskRecord], by_job: dict[str, list[JobUsage]]
+    ) -> bool:
+        site = site_conf(state.site)
+        spent = Usage()
+        for job_id, runs in by_job.items():
+            task = jobs.get(job_id)
+            gpu_type = state.spec_of(task).get("resources", {}).get("gpu_type") if task is not None else None
+            for u in runs:
+                spent = spent + usage_of(u.gpus, u.elapsed_s, gpu_type, site)
+        state.schedule["spent"] = dataclasses.asdict(spent)
+        why = reached(budget, spent)
+        if not why:
+            return True
+        not_started = [t for t in state.tasks if not t.done and (t.state in (WAITING, "PENDING"))]
+        pending_jobs = sorted(t.job_id for t in not_started if t.job_id and t.state == "PENDING")
+        action = Action(
+            kind="cancel",
+            target=state.sweep_dir,
+            reason=f"the sweep's budget is reached ({why}): its tasks that have not started are not started",
+            params={"jobs": pending_jobs, "tasks": [t.index for t in not_started]},
+            metrics_before={"spent": dataclasses.asdict(spent)},
+            context={"source": "budget", "user": current_user()},
+        )
+        gate = Gate(AuditLog(state.sweep_dir + "/" + SWEEP_AUDIT), {"cancel": lambda _a: self._cancel(pending_jobs)})
+        out = gate.request(action)
+        state.schedule["stopped"] = (
+            why if out.executed else f"{why} (the policy did not allow the cancel: {out.decision.rule})"
+        )
+        if out.executed:
+            for t in not_started:
+                t.state, t.error = "CANCELLED", f"CANCELLED: not started, the sweep's budget is reached ({why})"
+        log.warning("budget reached (%s): %d task(s) not started", why, len(not_started) if out.executed else 0)
+        return True
+
+    def _cancel(self, job_ids: list[str]) -> dict[str, Any]:
+        self.slurm.cancel(job_ids)
+        return {"cancelled": job_ids}

@@ -1,0 +1,250 @@
+"""Resource scheduling's pure parts on recorded inputs: the catalogue, fingerprints, the
+history store fed with real sacct output of the test cluster, the predictor, placement on
+recorded cluster states, budgets, per-partition caps. (The cluster tests are in
+tests/slurm/test_schedule_slurm.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from test_slurm_parse import SINFO_NODES as RECORDED_NODES
+from test_slurm_parse import SINFO_PARTS
+
+from slurmagent.config import (
+    BudgetConf,
+    ResourcesConf,
+    SchedulingConf,
+    budget_conf,
+    default_site,
+    job_spec,
+    site_conf,
+    spec_dict,
+    validate_resources,
+)
+from slurmagent.errors import BudgetExceeded, ConfigError
+from slurmagent.render import compose
+from slurmagent.schedule.budget import Usage, check_prediction, reached, usage_of
+from slurmagent.schedule.history import HistoryRow, HistoryStore, fingerprint, row_from_usage
+from slurmagent.schedule.place import candidates, choose, proportional_cpus, proportional_mem_mb, with_waits
+from slurmagent.schedule.plan import plan_spec
+from slurmagent.schedule.predict import predict
+from slurmagent.slurm.cluster import parse_cluster
+from slurmagent.slurm.sbatch import sbatch_flags
+from slurmagent.slurm.seam import SlurmCLI, parse_test_only, parse_usage
+
+# the test cluster's sinfo (tests/unit/test_slurm_parse.py), with t4-2 drained
+SINFO_NODES = RECORDED_NODES.replace("gpu:t4:2|t4,gpu|mixed", "gpu:t4:2|t4,gpu|drained")
+CLUSTER = parse_cluster(SINFO_NODES, SINFO_PARTS, {})
+
+# `sacct -n -P --duplicates -o USAGE_FIELDS` of the test cluster: an array of two tasks on a
+# t4, and a task that was requeued once (REQUEUED run, then the completed one)
+SACCT = """\
+1736_0|slurmagent|low|00:00:05|01:00:00||1500M|00:00.525|COMPLETED|t4-1|billing=2,cpu=2,gres/gpu=1,mem=1500M,node=1|2026-12-01T18:06:35|
+1736_0.batch|batch||00:00:05||1124K||00:00.010|COMPLETED|t4-1|cpu=2,gres/gpu=1,mem=1500M,node=1|2026-12-01T18:06:35|
+1736_0.0|python||00:00:05||824K||00:00.514|COMPLETED|t4-1|cpu=2,gres/gpu=1,mem=1500M,node=1|2026-12-01T18:06:35|
+1736_1|slurmagent|low|00:00:05|01:00:00||1500M|00:00.530|COMPLETED|t4-1|billing=2,cpu=2,gres/gpu=1,mem=1500M,node=1|2026-12-01T18:06:35|
+1073_3|digits_mlp|low|00:00:02|00:10:00||1G|00:03.287|REQUEUED|cpu-1|billing=1,cpu=1,mem=1G,node=1|2026-12-01T16:19:44|
+1073_3.batch|batch||00:00:03||3428K||00:00.002|CANCELLED|cpu-1|cpu=1,mem=1G,node=1|2026-12-01T16:19:45|
+1073_3.0|python||00:00:14||318124K||00:03.284|COMPLETED|cpu-1|cpu=1,mem=1G,node=1|2026-12-01T16:19:56|
+1073_3|digits_mlp|low|00:00:12|00:10:00||1G|00:03.345|COMPLETED|cpu-1|billing=1,cpu=1,mem=1G,node=1|2026-12-01T16:19:54|
+"""
+
+
+def row(
+    elapsed: float, gpu_type: str = "a100", state: str = "COMPLETED", rss: float = 1000.0, at: float = 0
+) -> HistoryRow:
+    return HistoryRow(
+        "fp", f"k{elapsed}{at}", "exp", "low", gpu_type, 1, elapsed, 3600, rss, 2000, 1.0, state, "n", 1, 0.0, at
+    )
+
+
+# -- the catalogue ---------------------------------------------------------------------------
+def test_catalogue_has_memory_throughput_and_price_and_a_site_overrides_it() -> None:
+    site = default_site()
+    assert site.gpu("a100") is not None and site.gpu("t4") is not None
+    assert site.gpu("a100").throughput > site.gpu("t4").throughput > 0  # type: ignore[union-attr]
+    assert site.gpu("a100").price_per_hour > site.gpu("t4").price_per_hour > 0  # type: ignore[union-attr]
+    cfg = compose(["site.gpus.a100.memory_gib=40", "site.gpus.t4.price_per_hour=1.5"])
+    over = site_conf(spec_dict(cfg, ("site",))["site"])
+    assert over.memory_gib("a100") == 40 and over.gpu("t4").price_per_hour == 1.5  # type: ignore[union-attr]
+    assert over.memory_gib("h100") == site.memory_gib("h100")  # the rest stays
+    own = site_conf({"gpus": {"mi300": {"memory_gib": 192}}})  # a site's own site/NAME.yaml
+    assert own.memory_gib("mi300") == 192 and own.gpu("mi300").throughput == 1.0  # type: ignore[union-attr]
+
+
+def test_catalogue_and_site_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"site.gpus.t4: need memory_gib > 0, throughput > 0"):
+        site_conf({"gpus": {"t4": {"memory_gib": 16, "throughput": 0}}})
+    with pytest.raises(ConfigError, match=r"site.priorities.asap: not a priority; valid: background, normal, urgent"):
+        site_conf({"priorities": {"asap": {"partition": "high"}}})
+    with pytest.raises(
+        ConfigError, match=r"unknown key site.scheduling.inflate.*did you mean site.scheduling.inflation"
+    ):
+        site_conf({"scheduling": {"inflate": 2}})
+    with pytest.raises(ConfigError, match=r"resources.priority='asap' is not one of background, normal, urgent"):
+        validate_resources(ResourcesConf(priority="asap"))
+    with pytest.raises(ConfigError, match=r"budget.gpu_hours=-1.0 must be 0"):
+        budget_conf({"gpu_hours": -1.0})
+
+
+def test_auto_values_cannot_be_rendered_without_planning() -> None:
+    res = ResourcesConf(gpus=1, gpu_type="auto", time="auto", mem="auto")
+    validate_resources(res)  # auto is a valid value
+    with pytest.raises(ConfigError, match=r"resources.gpu_type=auto is decided when the job is launched or planned"):
+        sbatch_flags(res)
+    assert sbatch_flags(ResourcesConf(time="00:20:00", time_min="00:05:00"))["time-min"] == "00:05:00"
+
+
+# -- fingerprints and the history store --------------------------------------------------------
+def test_fingerprint_keeps_what_changes_the_work_only() -> None:
+    ignore = SchedulingConf().ignore_in_fingerprint
+    base = fingerprint("digits_mlp", ["+experiment=digits_mlp", "model.width=64"], ignore)
+    same = ["+experiment=digits_mlp", "model.width=64", "optim.lr=0.3", "seed=7", "resources.time=auto"]
+    assert fingerprint("digits_mlp", [*same, "resources.gpu_type=a100", "hpo.trial=3"], ignore) == base
+    assert fingerprint("digits_mlp", ["+experiment=digits_mlp", "model.width=128"], ignore) != base
+    assert fingerprint("digits_mlp", ["+experiment=digits_mlp", "model.width=64", "resources.gpus=2"], ignore) != base
+    assert fingerprint("other", ["+experiment=digits_mlp", "model.width=64"], ignore) != base
+
+
+def test_history_store_ingests_real_sacct_output(tmp_path: Path) -> None:
+    usage = parse_usage(SACCT)
+    assert [u.job_id for u in usage] == ["1736_0", "1736_1", "1073_3", "1073_3"]
+    assert usage[0].gpus == 1 and usage[0].elapsed_s == 5 and usage[0].timelimit_s == 3600
+    assert usage[0].req_mem_mb == 1500 and usage[0].max_rss_mb == pytest.approx(1124 / 1024)
+    assert usage[2].state == "REQUEUED" and usage[2].max_rss_mb == pytest.approx(318124 / 1024)
+    requeued = row_from_usage("fpA", "sweep#3", "digits_mlp", "", [u for u in usage if u.job_id == "1073_3"])
+    assert requeued is not None and requeued.runs == 2 and requeued.elapsed_s == 14  # both runs' work
+    assert requeued.state == "COMPLETED" and requeued.max_rss_mb == pytest.approx(318124 / 1024)
+    assert row_from_usage("fpA", "x", "e", "", [usage[2]]) is None  # not ended yet
+    store = HistoryStore(tmp_path / "h.sqlite")
+    first = row_from_usage("fpB", "sweep#0", "slurmagent", "t4", [usage[0]])
+    assert first is not None
+    store.add([requeued, first])
+    store.add([requeued])  # an ingest run twice replaces its row
+    assert [r.task_key for r in store.recent("fpA")] == ["sweep#3"]
+    assert store.recent("fpB")[0].gpu_type == "t4" and store.known(["sweep#0", "nope"]) == {"sweep#0"}
+    assert HistoryStore(tmp_path / "h.sqlite").recent("fpA")[0] == requeued  # persisted
+
+
+# -- the predictor ------------------------------------------------------------------------------
+def test_predictor_means_the_recent_runs_and_inflates() -> None:
+    site = default_site()
+    pred = predict([row(600, at=3), row(400, at=2), row(10_000, at=1)], site)  # newest first; only 2 count
+    assert pred.reference_s == 500 and pred.runs == 2
+    assert pred.seconds_on(1.0, 1.2) == 600  # 500 × 1.2 = 600 s
+    assert pred.seconds_on(site.gpu("t4").throughput, 1.2) == 4020  # type: ignore[union-attr]  # 4000 s, whole minutes
+    assert "mean of the last 2 run(s)" in pred.basis
+
+
+def test_predictor_corrects_an_overrun_and_normalises_gpu_types() -> None:
+    site = default_site()
+    over = predict([row(300, state="TIMEOUT", at=2), row(300, at=1)], site)
+    assert over.reference_s == 450 and "overran" in over.basis  # the limit-hitting run counts doubled
+    t4 = site.gpu("t4").throughput  # type: ignore[union-attr]
+    mixed = predict([row(1000, gpu_type="t4", at=2), row(1000 * t4, gpu_type="a100", at=1)], site)
+    assert mixed.reference_s == pytest.approx(1000 * t4)  # both are the same work in A100-seconds
+    assert predict([], site).reference_s is None and predict([row(5, state="FAILED")], site).reference_s is None
+
+
+def test_predictor_memory_from_max_rss_and_oom() -> None:
+    site = default_site()
+    assert predict([row(60, rss=1000, at=2), row(60, rss=1500, at=1)], site).mem_mb == 1856  # 1500 × 1.2 in 64 MB steps
+    assert predict([row(60, rss=10)], site).mem_mb == 512  # floor: MaxRSS is sampled
+    oom = predict([row(60, state="OUT_OF_MEMORY", rss=1900)], site)
+    assert oom.mem_mb == 4032  # it needed more than its 2000 MB: twice that, in 64 MB steps
+    assert predict([row(60, rss=0)], site).mem_mb is None
+
+
+# -- placement ----------------------------------------------------------------------------------
+def test_placement_picks_the_smallest_gpu_that_fits_and_avoids_drained_nodes() -> None:
+    site = default_site()
+    res = ResourcesConf(gpus=1, gpu_type="auto", time="auto", mem="auto")
+    cands = candidates(res, 3.0, 600.0, 3600, site, CLUSTER)
+    assert {(c.partition, c.gpu_type) for c in cands} == {("low", "a100"), ("low", "t4")}
+    t4 = next(c for c in cands if c.gpu_type == "t4")
+    assert t4.nodes == ("t4-1",)  # t4-2 is drained
+    assert t4.run_s == 4020 and t4.cost == pytest.approx(4020 / 3600 * 0.35)  # 4000 s in whole minutes
+    both_free = with_waits(cands, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")})
+    chosen, why = choose(both_free)
+    assert chosen.gpu_type == "a100" and "earliest predicted finish" in why  # a t4 runs 6.7× longer
+    a100_busy = with_waits(cands, {("low", "a100"): (7200.0, ""), ("low", "t4"): (0.0, "")})
+    assert choose(a100_busy)[0].gpu_type == "t4"  # waiting two hours for the a100 finishes later
+    no_history = candidates(res, 3.0, None, 1800, site, CLUSTER)
+    assert choose(with_waits(no_history, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")}))[0].gpu_type == "t4"
+
+
+def test_placement_refuses_when_nothing_fits_and_says_why() -> None:
+    site = default_site()
+    res = ResourcesConf(gpus=1, gpu_type="auto")
+    big = candidates(res, 30.0, 600.0, 3600, site, CLUSTER)
+    assert [c.gpu_type for c in big if c.fits] == ["a100"]
+    with pytest.raises(ConfigError, match=r"no GPU type fits this job .*t4 on low: 16 GiB < 200.0 GiB needed"):
+        choose(candidates(res, 200.0, 600.0, 3600, site, CLUSTER))
+    urgent = dataclasses.replace(res, priority="urgent")
+    mapped = site_conf({"priorities": {"urgent": {"partition": "high"}}})
+    assert {c.partition for c in candidates(urgent, 1.0, 60.0, 60, mapped, CLUSTER)} == {"high"}
+
+
+def test_cpus_and_memory_in_proportion_to_gpus() -> None:
+    nodes = [CLUSTER.nodes["t4-1"]]
+    assert proportional_cpus(ResourcesConf(gpus=1), nodes, "t4") == 2  # 4 CPUs / 2 GPUs
+    assert proportional_cpus(ResourcesConf(gpus=2), nodes, "t4") == 4
+    assert proportional_mem_mb(ResourcesConf(gpus=1), nodes, "t4") == 1500
+    assert proportional_mem_mb(ResourcesConf(cpus_per_task=2), [CLUSTER.nodes["cpu-1"]], None) == 1500
+
+
+class RecordedSlurm(SlurmCLI):
+    """Answers `sbatch --test-only` from a table (a recorded cluster state); nothing else."""
+
+    def __init__(self, starts: dict[str, str]) -> None:
+        super().__init__(runner=lambda argv, timeout: (_ for _ in ()).throw(AssertionError(argv)))
+        self.starts, self.asked = starts, []  # gres → Slurm's start time
+        self.asked: list[dict[str, str]] = []
+
+    def test_only(self, flags: dict[str, str]):  # type: ignore[no-untyped-def]
+        self.asked.append(flags)
+        start = self.starts[flags.get("gres", "")]
+        return parse_test_only(f"sbatch: Job 9 to start at {start} using 1 processors on nodes x in partition low")
+
+
+def test_plan_resolves_every_auto_value_and_records_why(tmp_path: Path) -> None:
+    import datetime as dt
+
+    now = dt.datetime(2026, 12, 1, 12, 0, 0).timestamp()
+    spec = job_spec(
+        {"resources": {"gpus": 1, "gpu_type": "auto", "time": "auto", "mem": "auto"}, "task": {"target": "m:f"}}
+    )
+    store = HistoryStore(tmp_path / "h.sqlite")
+    fp = fingerprint("exp", ["model.width=64"], SchedulingConf().ignore_in_fingerprint)
+    store.add([dataclasses.replace(row(120, "a100", rss=700, at=1), fingerprint=fp)])
+    slurm = RecordedSlurm({"gpu:a100:1": "2026-12-01T12:30:00", "gpu:t4:1": "2026-12-01T12:00:00"})
+    plan = plan_spec(
+        spec, experiment="exp", overrides=["model.width=64", "optim.lr=0.1"], site=default_site(),
+        history=store, cluster=CLUSTER, slurm=slurm, need_gib=2.0, now=now,
+    )  # fmt: skip
+    res = plan.resources
+    # the a100 would start in 30 min and run 3 min; the t4 starts now and runs 120 × 1.2 / 0.15 s = 16 min
+    assert res.gpu_type == "t4" and res.partition == "low" and res.time == "00:16:00" and res.mem == "896M"
+    assert res.time_min == "00:04:00" and res.cpus_per_task == 2
+    assert {d["key"] for d in plan.decisions} >= {"resources.gpu_type", "resources.time", "resources.mem"}
+    assert len(slurm.asked) == 2 and all("time-min" not in f for f in slurm.asked)
+    assert plan.run_s == pytest.approx(960) and plan.usage(default_site()).gpu_hours == pytest.approx(960 / 3600)
+
+
+# -- budgets ------------------------------------------------------------------------------------
+def test_budget_refuses_a_prediction_over_it_with_both_numbers() -> None:
+    site = default_site()
+    predicted = usage_of(4, 3600, "a100", site)  # 4 GPU-h
+    with pytest.raises(
+        BudgetExceeded, match=r"predicted use \(4.000 GPU-h, cost 14.68\).*4.000 GPU-h > budget.gpu_hours=3"
+    ):
+        check_prediction(BudgetConf(gpu_hours=3), predicted)
+    with pytest.raises(BudgetExceeded, match=r"cost 14.68 > budget.cost=10"):
+        check_prediction(BudgetConf(cost=10), predicted)
+    with pytest.raises(BudgetExceeded, match=r"this month you used 97.000 GPU-h"):
+        check_prediction(BudgetConf(user_month_gpu_hours=100), predicted, month_spent=97)
+    check_prediction(BudgetConf(gpu_hours=5, cost=20, user_month_gpu_hours=100), predicted, month_spent=1)
+    assert reached(BudgetConf(gpu_hours=1), Usage(1.0, 0)) and not reached(BudgetConf(gpu_hours=1), Usage(0.9, 0))
+    assert not reached(BudgetConf(), Usage(100, 100))
