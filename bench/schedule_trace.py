@@ -82,7 +82,7 @@ class Outcome:
     gpus: int
     elapsed_s: float  # of every run (a timed-out one too)
     limit_s: float
-    predicted_s: float | None
+    reference_s: float | None  # (b): the history's prediction in A100-seconds, before inflation
     timeouts: int
 
 
@@ -199,7 +199,7 @@ def replay(jobs: list[Job], tag: str, plan: Any, script: Path) -> tuple[list[Out
                 gpus=job.gpus,
                 elapsed_s=sum(slurm_time_to_seconds(r["Elapsed"]) for r in runs),
                 limit_s=slurm_time_to_seconds(runs[0]["Timelimit"]),
-                predicted_s=predicted[job.index],
+                reference_s=predicted[job.index],
                 timeouts=len(ids) - 1,
             )
         )
@@ -231,11 +231,15 @@ def metrics(outcomes: list[Outcome], t0: float) -> dict[str, Any]:
     total_gpus = sum(GPUS.values())
     long_waits = sorted(o.start - o.submit for o in outcomes if o.job.cls.startswith("long"))
     cost = sum(o.elapsed_s * o.gpus / 3600 * site.gpus[o.gpu_type].price_per_hour for o in outcomes)
+    # the prediction for the GPU type the job ran on (an any-type request lands where Slurm puts it)
     errors = [
-        abs(o.predicted_s - o.elapsed_s) / o.elapsed_s
+        abs(o.reference_s / THROUGHPUT[o.gpu_type] - o.elapsed_s) / o.elapsed_s
         for o in outcomes
-        if o.predicted_s is not None and o.elapsed_s and not o.timeouts
+        if o.reference_s is not None and o.elapsed_s and not o.timeouts
     ]
+    under = sum(
+        1 for o in outcomes if o.reference_s is not None and o.reference_s / THROUGHPUT[o.gpu_type] < o.elapsed_s
+    )
     asked = [abs(o.limit_s - o.elapsed_s) / o.elapsed_s for o in outcomes if o.elapsed_s and not o.timeouts]
     return {
         "jobs": len(outcomes),
@@ -249,8 +253,13 @@ def metrics(outcomes: list[Outcome], t0: float) -> dict[str, Any]:
         "cost": cost,
         "on_t4": sum(o.gpu_type == "t4" for o in outcomes),
         "prediction_median_rel_error": statistics.median(errors) if errors else None,
+        "predictions_under_actual": under,
         "limit_median_rel_error": statistics.median(asked) if asked else None,
         "timeouts": sum(o.timeouts for o in outcomes),
+        "wait_by_class": {
+            cls: round(statistics.fmean(o.start - o.submit for o in outcomes if o.job.cls == cls), 1)
+            for cls in sorted({o.job.cls for o in outcomes})
+        },
     }
 
 
@@ -287,6 +296,8 @@ def main() -> int:
     print(f"(a) done; {ingest(a, store)} jobs into the history")
     cluster = ClusterInfo.query(slurm)
 
+    asked_b: dict[int, ResourcesConf] = {}
+
     def placed(job: Job) -> tuple[ResourcesConf, float | None]:
         ask = requested(job)
         spec = job_spec(
@@ -306,11 +317,16 @@ def main() -> int:
             slurm=slurm,
             need_gib=job.need_gib,
         )
-        gpu = site.gpu(p.resources.gpu_type)
-        return p.resources, p.prediction.expected_on(gpu.throughput if gpu else 1.0, 1.0)
+        asked_b[job.index] = p.resources
+        return p.resources, p.prediction.reference_s
 
     b, t0b = replay(jobs, "b", placed, script)
-    result = {"a": metrics(a, t0a), "b": metrics(b, t0b), "trace": [dataclasses.asdict(j) for j in jobs]}
+    result = {
+        "a": metrics(a, t0a),
+        "b": metrics(b, t0b),
+        "outcomes": {"a": [dataclasses.asdict(o) for o in a], "b": [dataclasses.asdict(o) for o in b]},
+        "asked_b": {str(i): dataclasses.asdict(r) for i, r in asked_b.items()},
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     ma, mb = result["a"], result["b"]

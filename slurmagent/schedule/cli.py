@@ -77,7 +77,7 @@ def plan_cli(overrides: list[str], as_json: bool = False) -> int:
             start = f"in {c.wait_s:.0f}s ({c.start_note})" if c.wait_s is not None else (c.start_note or "not asked")
             table.add_row(
                 "→" if c == plan.chosen else "",
-                c.gpu_type or "cpu",
+                c.label,
                 c.partition,
                 c.fit_note,
                 seconds_to_slurm_time(c.run_s),

@@ -24,10 +24,13 @@ UNUSABLE_STATES = ("drain", "down", "fail", "maint", "reboot", "unknown", "not_r
 GPU_HEADROOM_GIB = 1.0  # CUDA context and allocator slack
 
 
+ANY = "any"  # a candidate for every fitting type at once: an untyped GRES request, Slurm picks the node
+
+
 @dataclass(frozen=True)
 class Candidate:
     partition: str
-    gpu_type: str | None  # None: a CPU job
+    gpu_type: str | None  # None: a CPU job; ANY: whichever fitting type frees first
     nodes: tuple[str, ...]  # usable nodes with enough of this type
     memory_gib: float | None  # per GPU (catalogue)
     fits: bool
@@ -37,10 +40,21 @@ class Candidate:
     gpu_hours: float
     wait_s: float | None = None  # until Slurm would start it (None: not asked, or it cannot run)
     start_note: str = ""  # Slurm's answer
+    by_type: tuple[tuple[str, int], ...] = ()  # ANY: each fitting type's run time (run_s is the slowest's)
+    lands_on: str = ""  # ANY: the type of the node Slurm would start it on now
+
+    @property
+    def expected_run_s(self) -> int:
+        """The run time where it would start: ANY runs at the speed of the node it lands on."""
+        return dict(self.by_type).get(self.lands_on, self.run_s)
 
     @property
     def finish_s(self) -> float:
-        return (self.wait_s if self.wait_s is not None else math.inf) + self.run_s
+        return (self.wait_s if self.wait_s is not None else math.inf) + self.expected_run_s
+
+    @property
+    def label(self) -> str:
+        return f"any of {'|'.join(t for t, _ in self.by_type)}" if self.gpu_type == ANY else (self.gpu_type or "cpu")
 
 
 def usable(node: NodeInfo, avoid: Collection[str]) -> bool:
@@ -98,49 +112,76 @@ def candidates(
                 fits, note = False, f"{gpu_type} is not in site.gpus"
             else:
                 fits = memory - GPU_HEADROOM_GIB >= need_gib
-                note = f"{memory:g} GiB {'≥' if fits else '<'} {need_gib:.1f} GiB needed"
+                note = f"{memory:g} GiB {'≥' if fits else '<'} {need_gib:.2f} GiB needed"
             run_s = pred.seconds_on(throughput, inflation) or fallback_s
             hours = gpus_total * run_s / 3600
             price = gpu.price_per_hour if gpu is not None else 0.0
             out.append(Candidate(part_name, gpu_type, have, memory, fits, note, run_s, hours * price, hours))
+        fitting = [c for c in out if c.partition == part_name and c.fits and c.gpu_type]
+        if res.gpu_type == "auto" and len(fitting) > 1 and res.nodes == 1:
+            # one request for every type that fits: it starts on whichever frees first, and its
+            # --time covers the slowest, so no fitting GPU idles while the job waits for another
+            slowest = max(fitting, key=lambda c: c.run_s)
+            out.append(
+                Candidate(
+                    part_name,
+                    ANY,
+                    tuple(sorted({n for c in fitting for n in c.nodes})),
+                    min(c.memory_gib or 0 for c in fitting),
+                    True,
+                    "every type here fits" + (f" ({need_gib:.2f} GiB needed)" if need_gib is not None else ""),
+                    slowest.run_s,
+                    max(c.cost for c in fitting),
+                    slowest.gpu_hours,
+                    by_type=tuple((str(c.gpu_type), c.run_s) for c in fitting),
+                )
+            )
     return out
 
 
 def with_waits(
-    cands: list[Candidate], waits: Mapping[tuple[str, str | None], tuple[float | None, str]]
+    cands: list[Candidate],
+    waits: Mapping[tuple[str, str | None], tuple[float | None, str]],
+    lands_on: Mapping[str, str] | None = None,
 ) -> list[Candidate]:
-    """Slurm's start estimates (seconds from now, its words) put on the candidates."""
-    return [
-        replace(
-            c,
-            wait_s=waits.get((c.partition, c.gpu_type), (None, ""))[0],
-            start_note=waits.get((c.partition, c.gpu_type), (None, ""))[1],
-        )
-        for c in cands
-    ]
+    """Slurm's start estimates (seconds from now, its words) put on the candidates; for ANY,
+    the type of the node Slurm named (`lands_on`: partition → type)."""
+    out = []
+    for c in cands:
+        wait, note = waits.get((c.partition, c.gpu_type), (None, ""))
+        landing = (lands_on or {}).get(c.partition, "") if c.gpu_type == ANY else ""
+        out.append(replace(c, wait_s=wait, start_note=note, lands_on=landing))
+    return out
 
 
 def choose(cands: list[Candidate]) -> tuple[Candidate, str]:
     """The candidate to ask for, and why in one sentence."""
     fitting = [c for c in cands if c.fits]
     if not fitting:
-        shown = "; ".join(f"{c.gpu_type} on {c.partition}: {c.fit_note}" for c in cands) or "no GPU node is usable"
+        shown = "; ".join(f"{c.label} on {c.partition}: {c.fit_note}" for c in cands) or "no GPU node is usable"
         raise ConfigError(f"resources.gpu_type=auto: no GPU type fits this job ({shown}); nothing was submitted")
     startable = [c for c in fitting if c.wait_s is not None] or fitting
-    best = min(startable, key=lambda c: (c.finish_s, c.cost, c.memory_gib or 0, c.gpu_type or ""))
-    why = [f"{best.fit_note}"] if best.gpu_type else []
+    # the earliest predicted finish; on a tie the request for any fitting type (it may start
+    # sooner elsewhere later), then the cheaper, then the smaller GPU
+    best = min(startable, key=lambda c: (c.finish_s, c.gpu_type != ANY, c.cost, c.memory_gib or 0, c.gpu_type or ""))
+    why = [best.fit_note] if best.gpu_type else []
+    if best.gpu_type == ANY:
+        why.append(
+            f"Slurm starts it on whichever of {'/'.join(t for t, _ in best.by_type)} frees first; "
+            f"--time covers the slowest ({best.run_s}s)"
+        )
     if best.wait_s is not None:
-        why.append(f"earliest predicted finish: starts in {best.wait_s:.0f}s, runs {best.run_s}s")
+        landing = f" on {best.lands_on}" if best.lands_on else ""
+        why.append(f"earliest predicted finish: starts in {best.wait_s:.0f}s{landing}, runs {best.expected_run_s}s")
     others = [c for c in startable if c is not best]
     if others:
         runner = min(others, key=lambda c: (c.finish_s, c.cost))
         if runner.wait_s is not None:
-            why.append(
-                f"{runner.gpu_type} on {runner.partition} would finish {runner.finish_s - best.finish_s:.0f}s later"
-            )
+            later = runner.finish_s - best.finish_s
+            why.append(f"{runner.label} on {runner.partition} would finish {later:.0f}s later")
         else:
-            why.append(f"{runner.gpu_type} on {runner.partition}: no start estimate")
-        if runner.finish_s == best.finish_s:
+            why.append(f"{runner.label} on {runner.partition}: no start estimate")
+        if runner.finish_s == best.finish_s and best.gpu_type != ANY:
             why.append(f"cheaper ({best.cost:.2f} vs {runner.cost:.2f})")
     unfit = [c for c in cands if not c.fits]
     if unfit:

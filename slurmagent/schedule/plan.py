@@ -18,6 +18,7 @@ from slurmagent.errors import ConfigError
 from slurmagent.schedule.budget import Usage, usage_of
 from slurmagent.schedule.history import HistoryStore, fingerprint
 from slurmagent.schedule.place import (
+    ANY,
     Candidate,
     candidates,
     choose,
@@ -46,10 +47,11 @@ class Plan:
     chosen: Candidate | None = None
     decisions: list[dict[str, str]] = field(default_factory=list)  # {key, value, why}
     run_s: float = 0.0  # the run time the budget counts: predicted, else the time limit
+    counted_type: str | None = None  # the GPU type the budget prices it at (an any-type request: the slowest)
 
     def usage(self, site: SiteConf) -> Usage:
         res = self.resources
-        return usage_of(res.gpus * res.nodes, self.run_s, res.gpu_type, site)
+        return usage_of(res.gpus * res.nodes, self.run_s, self.counted_type or res.gpu_type, site)
 
     def record(self) -> dict[str, Any]:
         """For sweep.json (status shows it)."""
@@ -125,6 +127,7 @@ def plan_spec(
         )
     trial = [c for c in cands if c.fits] or cands
     waits: dict[tuple[str, str | None], tuple[float | None, str]] = {}
+    lands_on: dict[str, str] = {}
     stamp = time.time() if now is None else now
     for c in trial:
         probe = _fill(res, c, c.run_s, pred, cluster, spec, site)
@@ -134,18 +137,25 @@ def plan_spec(
                 _seconds_until(answer.start, stamp),
                 f"{answer.start} on {answer.nodes}",
             )
+            node = cluster.nodes.get(answer.nodes.split(",")[0])
+            if c.gpu_type == ANY and node is not None:
+                lands_on[c.partition] = next((t for t in node.gpus if t), "")
         else:
             waits[(c.partition, c.gpu_type)] = (None, answer.error)
-    cands = with_waits(cands, waits)
+    cands = with_waits(cands, waits, lands_on)
     if res.gpu_type == AUTO:
         chosen, why = choose(cands)
-        decide("gpu_type", chosen.gpu_type, why)
+        decide("gpu_type", None if chosen.gpu_type == ANY else chosen.gpu_type, why)
         if res.partition is None:
             res = dataclasses.replace(res, partition=chosen.partition)
     else:
         chosen = next(c for c in cands if c.gpu_type == res.gpu_type or c.gpu_type is None)
     resolved = _fill(res, chosen, chosen.run_s, pred, cluster, spec, site, decide)
-    return Plan(resolved, fp, pred, cands, chosen, decisions, run_s=_run_s(resolved, pred, site))
+    counted = resolved
+    if chosen.gpu_type == ANY:  # the budget counts it at the slowest type's speed (where it may land)
+        counted = dataclasses.replace(resolved, gpu_type=max(chosen.by_type, key=lambda t: t[1])[0])
+    run_s = _run_s(counted, pred, site)
+    return Plan(resolved, fp, pred, cands, chosen, decisions, run_s=run_s, counted_type=counted.gpu_type)
 
 
 def _run_s(res: ResourcesConf, pred: Prediction, site: SiteConf) -> float:
@@ -174,11 +184,15 @@ def _fill(
     nodes = [cluster.nodes[n] for n in chosen.nodes if n in cluster.nodes and usable(cluster.nodes[n], ())]
     out = res
     if res.gpu_type == AUTO:
-        out = dataclasses.replace(out, gpu_type=chosen.gpu_type)
-        cpus = proportional_cpus(res, nodes, chosen.gpu_type)
+        gpu_type = None if chosen.gpu_type == ANY else chosen.gpu_type
+        out = dataclasses.replace(out, gpu_type=gpu_type)
+        cpus = proportional_cpus(res, nodes, gpu_type)
         if cpus != res.cpus_per_task:
             out = dataclasses.replace(out, cpus_per_task=cpus)
-            note("cpus_per_task", cpus, f"in proportion to {res.gpus} GPU(s) of a {chosen.gpu_type} node")
+            where = (
+                f"the {'/'.join(t for t, _ in chosen.by_type)} nodes" if chosen.by_type else f"a {chosen.label} node"
+            )
+            note("cpus_per_task", cpus, f"in proportion to {res.gpus} GPU(s) of {where}")
     if res.time == AUTO:
         time_s = run_s
         part = cluster.partitions.get(chosen.partition)
@@ -186,7 +200,7 @@ def _fill(
             time_s = min(time_s, part.max_time_s)
         out = dataclasses.replace(out, time=seconds_to_slurm_time(time_s))
         why = (
-            f"predicted: {pred.basis}, on {chosen.gpu_type or 'CPU'}"
+            f"predicted: {pred.basis}, on {chosen.label}"
             if pred.reference_s is not None
             else f"no history: site.scheduling.fallback_time={site.scheduling.fallback_time}"
         )

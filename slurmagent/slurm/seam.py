@@ -261,6 +261,18 @@ class SlurmCLI:
                 return name[:-1]
         return None
 
+    def node_gpu_types(self) -> dict[str, str]:
+        """Each node's GPU type (its first typed gpu GRES); nodes without GPUs are left out."""
+        from slurmagent.slurm.syntax import parse_gres
+
+        out: dict[str, str] = {}
+        for line in self.run(["sinfo", "-h", "-N", "-o", "%N|%G"]).splitlines():
+            node, _, gres = line.partition("|")
+            typed = [t for t in parse_gres(gres.strip()) if t]
+            if typed:
+                out[node.strip()] = typed[0]
+        return out
+
     def jobs_by_partition(self, user: str) -> dict[str, int]:
         """`user`'s jobs the controller holds now (pending or running, array tasks each), by partition."""
         out: dict[str, int] = {}

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
 
 from slurmagent.config import budget_conf, site_conf
+from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
 from slurmagent.records import Action
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
@@ -22,6 +24,7 @@ from slurmagent.safety.paths import SWEEP_AUDIT
 from slurmagent.schedule.budget import Usage, reached, usage_of
 from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint, row_from_usage
 from slurmagent.slurm.seam import JobUsage, SlurmCLI
+from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.submission import WAITING, current_user
 
@@ -38,6 +41,7 @@ class UsageTracker:
         self._clock = clock
         self._last = -float("inf")
         self._last_ingest = clock()
+        self._node_types: dict[str, str] | None = None
 
     def poll(self, state: SweepState, ended: int) -> bool:
         """One sacct call when tasks ended (history) or the budget is due a look; True when
@@ -55,7 +59,7 @@ class UsageTracker:
         jobs = {a.job_id: t for t in state.tasks for a in t.attempts if a.job_id}
         try:  # by the sweep's own job ids (arrays: every task), like the status query
             usages = self.slurm.usage(state.array_ids)
-        except Exception as exc:
+        except (SlurmCommandError, SlurmUnavailableError) as exc:  # accounting down: the next poll tries again
             log.warning("could not read the sweep's usage from sacct: %s", exc)
             return False
         by_job: dict[str, list[JobUsage]] = {}
@@ -75,6 +79,8 @@ class UsageTracker:
         for task in tasks:
             runs = [u for a in task.attempts for u in by_job.get(a.job_id, [])]
             gpu_type = str(state.spec_of(task).get("resources", {}).get("gpu_type") or "")
+            if not gpu_type and runs and runs[-1].gpus:  # an any-type request: the type of the node it ran on
+                gpu_type = self._type_of(runs[-1].nodes)
             fp = fingerprint(state.job_name, task.overrides, site.scheduling.ignore_in_fingerprint)
             row = row_from_usage(fp, f"{state.sweep_dir}#{task.index}", state.job_name, gpu_type, runs)
             if row is not None:
@@ -83,11 +89,24 @@ class UsageTracker:
             return False
         try:
             HistoryStore(default_history_path(site.scheduling.history)).add(r for _, r in rows)
-        except Exception as exc:
+        except (OSError, sqlite3.Error) as exc:  # a full disk or a locked shared file must not stop the sweep
             log.warning("could not write the job history: %s", exc)
             return False
         state.schedule["ingested"] = sorted({*state.schedule.get("ingested", []), *(i for i, _ in rows)})
         return True
+
+    def _type_of(self, nodes: str) -> str:
+        if self._node_types is None:
+            try:
+                self._node_types = self.slurm.node_gpu_types()
+            except (SlurmCommandError, SlurmUnavailableError) as exc:  # the row's type stays unknown
+                log.warning("could not read the nodes' GPU types: %s", exc)
+                self._node_types = {}
+        first = next(iter(split_hostlist(nodes)), "")
+        if "[" in first:  # t4-[1-2] → t4-1
+            base, _, rest = first.partition("[")
+            first = base + rest.split(",")[0].split("-")[0].rstrip("]")
+        return self._node_types.get(first, "")
 
     def _spend(
         self, state: SweepState, budget: Any, jobs: dict[str, TaskRecord], by_job: dict[str, list[JobUsage]]

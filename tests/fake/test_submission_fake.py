@@ -100,3 +100,21 @@ def test_a_launcher_killed_while_the_controller_is_down_leaves_a_sweep_watch_com
     assert [t["state"] for t in state["tasks"]] == ["COMPLETED", "COMPLETED"]
     assert [i["state"] for i in state["submissions"]] == ["submitted"]  # the lost intent dropped, one array
     assert len([j for j in fake.jobs().values() if j["array"]]) == 2
+
+
+def test_a_cap_on_jobs_in_a_partition_holds_tasks_back_until_others_end(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = slurmagent(
+        fake,
+        tmp_path,
+        *QUICK,
+        "-m",
+        "synthetic.steps=2,3,4,5,6",
+        "+site.scheduling.max_jobs_per_partition.low=2",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "3 task(s) wait: reached 2 jobs in partition low (your cap)" in proc.stderr
+    state = sweep_state(sweep)
+    assert [t["state"] for t in state["tasks"]] == ["COMPLETED"] * 5
+    assert fake.max_queued() == 2 and not fake.limit_refusals()

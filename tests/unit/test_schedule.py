@@ -162,7 +162,7 @@ def test_placement_picks_the_smallest_gpu_that_fits_and_avoids_drained_nodes() -
     site = default_site()
     res = ResourcesConf(gpus=1, gpu_type="auto", time="auto", mem="auto")
     cands = candidates(res, 3.0, 600.0, 3600, site, CLUSTER)
-    assert {(c.partition, c.gpu_type) for c in cands} == {("low", "a100"), ("low", "t4")}
+    assert {(c.partition, c.gpu_type) for c in cands} == {("low", "a100"), ("low", "t4"), ("low", "any")}
     t4 = next(c for c in cands if c.gpu_type == "t4")
     assert t4.nodes == ("t4-1",)  # t4-2 is drained
     assert t4.run_s == 4020 and t4.cost == pytest.approx(4020 / 3600 * 0.35)  # 4000 s in whole minutes
@@ -171,6 +171,12 @@ def test_placement_picks_the_smallest_gpu_that_fits_and_avoids_drained_nodes() -
     assert chosen.gpu_type == "a100" and "earliest predicted finish" in why  # a t4 runs 6.7× longer
     a100_busy = with_waits(cands, {("low", "a100"): (7200.0, ""), ("low", "t4"): (0.0, "")})
     assert choose(a100_busy)[0].gpu_type == "t4"  # waiting two hours for the a100 finishes later
+    # one request for either type: Slurm would start it now on a t4; as soon as the t4 alone, and more flexible
+    waits = {("low", "a100"): (7200.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (0.0, "")}
+    either, why = choose(with_waits(cands, waits, {"low": "t4"}))
+    assert either.gpu_type == "any" and either.run_s == 4020 and either.expected_run_s == 4020
+    assert "Slurm starts it on whichever of a100/t4 frees first; --time covers the slowest (4020s)" in why
+    assert choose(with_waits(cands, {**waits, ("low", "a100"): (0.0, "")}, {"low": "t4"}))[0].gpu_type == "a100"
     no_history = candidates(res, 3.0, None, 1800, site, CLUSTER)
     assert choose(with_waits(no_history, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")}))[0].gpu_type == "t4"
 
@@ -180,7 +186,7 @@ def test_placement_refuses_when_nothing_fits_and_says_why() -> None:
     res = ResourcesConf(gpus=1, gpu_type="auto")
     big = candidates(res, 30.0, 600.0, 3600, site, CLUSTER)
     assert [c.gpu_type for c in big if c.fits] == ["a100"]
-    with pytest.raises(ConfigError, match=r"no GPU type fits this job .*t4 on low: 16 GiB < 200.0 GiB needed"):
+    with pytest.raises(ConfigError, match=r"no GPU type fits this job .*t4 on low: 16 GiB < 200.00 GiB needed"):
         choose(candidates(res, 200.0, 600.0, 3600, site, CLUSTER))
     urgent = dataclasses.replace(res, priority="urgent")
     mapped = site_conf({"priorities": {"urgent": {"partition": "high"}}})
@@ -198,15 +204,15 @@ def test_cpus_and_memory_in_proportion_to_gpus() -> None:
 class RecordedSlurm(SlurmCLI):
     """Answers `sbatch --test-only` from a table (a recorded cluster state); nothing else."""
 
-    def __init__(self, starts: dict[str, str]) -> None:
+    def __init__(self, starts: dict[str, tuple[str, str]]) -> None:
         super().__init__(runner=lambda argv, timeout: (_ for _ in ()).throw(AssertionError(argv)))
         self.starts, self.asked = starts, []  # gres → Slurm's start time
         self.asked: list[dict[str, str]] = []
 
     def test_only(self, flags: dict[str, str]):  # type: ignore[no-untyped-def]
         self.asked.append(flags)
-        start = self.starts[flags.get("gres", "")]
-        return parse_test_only(f"sbatch: Job 9 to start at {start} using 1 processors on nodes x in partition low")
+        start, node = self.starts[flags.get("gres", "")]
+        return parse_test_only(f"sbatch: Job 9 to start at {start} using 1 processors on nodes {node} in partition low")
 
 
 def test_plan_resolves_every_auto_value_and_records_why(tmp_path: Path) -> None:
@@ -219,18 +225,26 @@ def test_plan_resolves_every_auto_value_and_records_why(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "h.sqlite")
     fp = fingerprint("exp", ["model.width=64"], SchedulingConf().ignore_in_fingerprint)
     store.add([dataclasses.replace(row(120, "a100", rss=700, at=1), fingerprint=fp)])
-    slurm = RecordedSlurm({"gpu:a100:1": "2026-12-01T12:30:00", "gpu:t4:1": "2026-12-01T12:00:00"})
+    slurm = RecordedSlurm(
+        {
+            "gpu:a100:1": ("2026-12-01T12:30:00", "a100-1"),
+            "gpu:t4:1": ("2026-12-01T12:00:00", "t4-1"),
+            "gpu:1": ("2026-12-01T12:00:00", "t4-1"),  # either type: Slurm would start it on the t4 now
+        }
+    )
     plan = plan_spec(
         spec, experiment="exp", overrides=["model.width=64", "optim.lr=0.1"], site=default_site(),
         history=store, cluster=CLUSTER, slurm=slurm, need_gib=2.0, now=now,
     )  # fmt: skip
     res = plan.resources
-    # the a100 would start in 30 min and run 3 min; the t4 starts now and runs 120 × 1.2 / 0.15 s = 16 min
-    assert res.gpu_type == "t4" and res.partition == "low" and res.time == "00:16:00" and res.mem == "896M"
-    assert res.time_min == "00:04:00" and res.cpus_per_task == 2
+    # the a100 would start in 30 min and run 3 min; a t4 starts now and runs 120 × 1.2 / 0.15 s = 16 min: a
+    # request for either type finishes as early, and may start sooner on an a100 freed later
+    assert res.gpu_type is None and res.partition == "low" and res.time == "00:16:00" and res.mem == "896M"
+    assert sbatch_flags(res)["gres"] == "gpu:1" and res.time_min == "00:04:00" and res.cpus_per_task == 2
     assert {d["key"] for d in plan.decisions} >= {"resources.gpu_type", "resources.time", "resources.mem"}
-    assert len(slurm.asked) == 2 and all("time-min" not in f for f in slurm.asked)
+    assert len(slurm.asked) == 3 and all("time-min" not in f for f in slurm.asked)
     assert plan.run_s == pytest.approx(960) and plan.usage(default_site()).gpu_hours == pytest.approx(960 / 3600)
+    assert plan.usage(default_site()).cost == pytest.approx(960 / 3600 * 0.35)  # priced where it may land: a t4
 
 
 # -- budgets ------------------------------------------------------------------------------------
