@@ -171,7 +171,8 @@ def test_time_min_job_is_backfilled_into_a_hole_and_requeued_at_its_shortened_li
     """cpu-2 is busy for 45 s; cpu-1 is reserved from 95 s on. A 10-minute job that may run
     for 1 minute (--time-min) starts at once on cpu-1 with its limit cut to fit; before that
     limit Slurm's warning signal makes it checkpoint and requeue, and it resumes and completes."""
-    block = ["sbatch", "--parsable", "-p", "low", "-w", "cpu-2", "--exclusive", "-t", "1", "--wrap", "sleep 45"]
+    block = ["sbatch", "--parsable", "-p", "low", "-w", "cpu-2", "--exclusive", "-t", "1", "-o", "/dev/null"]
+    block += ["--wrap", "sleep 45"]
     blocker = subprocess.run(block, capture_output=True, text=True, check=True).stdout.strip()
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 95))
     name = f"sa-hole-{os.getpid()}"
