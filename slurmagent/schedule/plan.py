@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmagent.config import AUTO, JobSpec, ResourcesConf, SiteConf, auto_keys
+from slurmagent.config import AUTO, GpuConf, JobSpec, ResourcesConf, SiteConf, auto_keys
 from slurmagent.errors import ConfigError
 from slurmagent.schedule.budget import Usage, usage_of
 from slurmagent.schedule.history import HistoryStore, fingerprint
@@ -145,7 +145,7 @@ def plan_spec(
     cands = with_waits(cands, waits, lands_on)
     if res.gpu_type == AUTO:
         chosen, why = choose(cands)
-        decide("gpu_type", None if chosen.gpu_type == ANY else chosen.gpu_type, why)
+        decide("gpu_type", chosen.gpu_type, why)  # "any": an untyped --gres
         if res.partition is None:
             res = dataclasses.replace(res, partition=chosen.partition)
     else:
@@ -153,7 +153,8 @@ def plan_spec(
     resolved = _fill(res, chosen, chosen.run_s, pred, cluster, spec, site, decide)
     counted = resolved
     if chosen.gpu_type == ANY:  # the budget counts it at the slowest type's speed (where it may land)
-        counted = dataclasses.replace(resolved, gpu_type=max(chosen.by_type, key=lambda t: t[1])[0])
+        slowest = min(chosen.by_type, key=lambda t: (site.gpu(t[0]) or GpuConf(0.0)).throughput)[0]
+        counted = dataclasses.replace(resolved, gpu_type=slowest)
     run_s = _run_s(counted, pred, site)
     return Plan(resolved, fp, pred, cands, chosen, decisions, run_s=run_s, counted_type=counted.gpu_type)
 

@@ -27,6 +27,7 @@ from slurmagent.slurm.seam import JobUsage, SlurmCLI
 from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.submission import WAITING, current_user
+from slurmagent.supervise.views import progress
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,9 @@ class UsageTracker:
             if not gpu_type and runs and runs[-1].gpus:  # an any-type request: the type of the node it ran on
                 gpu_type = self._type_of(runs[-1].nodes)
             fp = fingerprint(state.job_name, task.overrides, site.scheduling.ignore_in_fingerprint)
-            row = row_from_usage(fp, f"{state.sweep_dir}#{task.index}", state.job_name, gpu_type, runs)
+            speed = (progress(state, task) or {}).get("steps_per_s")  # the runtime's own, when it reports one
+            key = f"{state.sweep_dir}#{task.index}"
+            row = row_from_usage(fp, key, state.job_name, gpu_type, runs, float(speed or 0.0))
             if row is not None:
                 rows.append((task.index, row))
         if not rows:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +68,7 @@ def test_history_from_sacct_then_plan_and_auto_from_it(slurm_conf: str, tmp_path
     assert len(rows) == 2 and {r.gpu_type for r in rows} == {"a100"} and all(r.gpus == 1 for r in rows)
     assert all(8 <= r.elapsed_s <= 120 and r.state == "COMPLETED" and r.timelimit_s == 600 for r in rows), rows
     assert len({r.fingerprint for r in rows}) == 2  # synthetic.x changes the work (it is not an lr)
+    assert all(1 < r.steps_per_s < 5 for r in rows), rows  # the runtime's speed (0.25 s a step)
 
     before = len(my_jobs()), sacct_count()
     auto = ["resources.gpus=1", "resources.gpu_type=auto", "resources.time=auto", "resources.mem=auto"]
@@ -84,7 +86,7 @@ def test_history_from_sacct_then_plan_and_auto_from_it(slurm_conf: str, tmp_path
     limit = plan["resources"]["time"]
     assert limit < "00:10:00" and plan["sbatch"]["time-min"] <= limit  # right-sized from history, not 10 min
     shown = cli(["plan", *work, "synthetic.x=0.1", *auto], tmp_path)
-    assert "Slurm's start" in shown.stdout and f"resources.gpu_type={asked}" in shown.stdout, shown.stdout
+    assert "Slurm's start" in shown.stdout and f"resources.gpu_type={chosen}" in shown.stdout, shown.stdout
 
     sweep = tmp_path / "auto"
     second = cli([*work, *POLL, "-m", "synthetic.x=0.1", *auto, f"hydra.sweep.dir={sweep}"], tmp_path)
@@ -95,9 +97,9 @@ def test_history_from_sacct_then_plan_and_auto_from_it(slurm_conf: str, tmp_path
     assert job["TimeLimit"] == limit and job["TresPerNode"] == "gres:" + plan["sbatch"]["gres"], job
     assert job["TimeMin"] == plan["sbatch"]["time-min"], job  # checkpointed: backfill may shorten it
     decisions = {d["key"]: d["value"] for p in state["schedule"]["plans"] for d in p["decisions"]}
-    assert decisions["resources.gpu_type"] == str(asked) and decisions["resources.time"] == limit
+    assert decisions["resources.gpu_type"] == chosen and decisions["resources.time"] == limit
     status = cli(["status", str(sweep)], tmp_path)
-    assert f"chose gpu_type={asked}" in status.stdout.replace("\n", " "), status.stdout
+    assert f"chose gpu_type={chosen}" in status.stdout.replace("\n", " "), status.stdout
 
 
 def _fingerprints(tmp_path: Path) -> set[str]:
@@ -124,6 +126,11 @@ def test_a_sweep_over_budget_is_refused_with_nothing_submitted(slurm_conf: str, 
                   f"hydra.sweep.dir={sweep}"], tmp_path)  # fmt: skip
     assert denied.returncode == 2 and "resources.priority=urgent is not allowed" in denied.stderr, denied.stderr
     assert "rule default:priority-urgent: deny" in denied.stderr and not sweep.exists()
+    month = cli(["+experiment=synthetic", "cluster=slurm", "-m", "resources.gpus=1", "resources.time=00:10:00",
+                 "budget.user_month_gpu_hours=0.1", f"hydra.sweep.dir={sweep}"], tmp_path)  # fmt: skip
+    used = re.search(r"this month you used (\d+\.\d+) GPU-h; with this sweep's predicted 0.167", month.stderr)
+    assert month.returncode == 2 and used and float(used.group(1)) >= 0, month.stderr  # measured with sacct
+    assert "budget.user_month_gpu_hours=0.1; nothing was submitted" in month.stderr and not sweep.exists()
 
 
 def test_spend_from_sacct_stops_new_tasks_under_a_partition_cap(slurm_conf: str, tmp_path: Path) -> None:
