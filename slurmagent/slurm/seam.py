@@ -103,6 +103,14 @@ class SlurmCLI:
         """Run one Slurm command (argv, no shell) and return its stdout. Only the verbs below
         call this; other modules ask for a verb."""
         argv = [str(a) for a in argv]
+        proc = self._call(argv, timeout)
+        if check and proc.returncode != 0:
+            raise SlurmCommandError(argv, proc.returncode, proc.stderr or proc.stdout)
+        return proc.stdout
+
+    def _call(self, argv: Sequence[str], timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+        """Run one Slurm command and return all of it (a verb that reads stderr, whatever the exit code)."""
+        argv = [str(a) for a in argv]
         if argv[0] not in ALLOWED_COMMANDS:
             raise SlurmCommandError(argv, -1, f"{argv[0]!r} is not a Slurm command slurmagent may run")
         self.calls[argv[0]] = self.calls.get(argv[0], 0) + 1
@@ -113,9 +121,7 @@ class SlurmCLI:
             raise SlurmUnavailableError(f"{argv[0]} not found on PATH: this machine has no Slurm client") from None
         except subprocess.TimeoutExpired:
             raise SlurmCommandError(argv, -1, f"timed out after {limit:.0f}s") from None
-        if check and proc.returncode != 0:
-            raise SlurmCommandError(argv, proc.returncode, proc.stderr or proc.stdout)
-        return proc.stdout
+        return proc
 
     # -- availability ---------------------------------------------------------------
     def available(self) -> bool:
@@ -295,10 +301,8 @@ class SlurmCLI:
     def test_only(self, flags: dict[str, str]) -> TestOnly:
         """When Slurm's scheduler would start a job with these sbatch long options now
         (`sbatch --test-only`: nothing is submitted)."""
-        argv = ["sbatch", "--test-only", *(f"--{k}={v}" for k, v in flags.items()), "--wrap=true"]
-        proc = self._runner(argv, self._timeout)
-        self.calls["sbatch"] = self.calls.get("sbatch", 0) + 1
-        return parse_test_only(proc.stderr + proc.stdout)
+        proc = self._call(["sbatch", "--test-only", *(f"--{k}={v}" for k, v in flags.items()), "--wrap=true"])
+        return parse_test_only(proc.stderr + proc.stdout)  # its answer is on stderr, a refusal's too
 
     def jobs_with_comment(self, comment: str, user: str) -> list[str]:
         """The ids of `user`'s jobs (arrays: their own ids) whose --comment is `comment`."""
