@@ -242,6 +242,15 @@ def estimate_memory(cfg: Mapping[str, Any], gpu_type: str | None = None) -> Memo
     )
 
 
+def memory_need_gib(cfg: Any) -> float | None:
+    """The GPU memory a composed job config needs, GiB (what placement fits GPU types to);
+    None when no model recipe is known for its task. The `hydra` node is left out."""
+    from slurmagent.config import spec_dict
+
+    est = estimate_memory(spec_dict(cfg, tuple(str(k) for k in cfg if k != "hydra")))
+    return est.total_bytes / GIB if est is not None else None
+
+
 def memory_issues(est: MemoryEstimate) -> list[Issue]:
     if est.gpu_bytes is None or est.total_bytes <= est.gpu_bytes:
         return []

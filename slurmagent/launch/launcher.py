@@ -299,11 +299,9 @@ class ArrayLauncher:
     def _need_gib(self, overrides: Sequence[str]) -> float | None:
         """The config validator's estimate of the GPU memory the task needs (None: no recipe)."""
         assert self.config is not None and self.hydra_context is not None
-        from slurmagent.skills.config_validator import GIB, estimate_memory
+        from slurmagent.skills.config_validator import memory_need_gib
 
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        est = estimate_memory(spec_dict(cfg, tuple(str(k) for k in cfg if k != "hydra")))
-        return est.total_bytes / GIB if est is not None else None
+        return memory_need_gib(self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides)))
 
     def open_sweep(
         self, checked: Checked, job_overrides: Sequence[Sequence[str]], initial_job_idx: int

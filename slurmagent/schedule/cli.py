@@ -12,11 +12,12 @@ import json
 
 from rich.table import Table
 
-from slurmagent.config import budget_conf, job_spec, site_conf, spec_dict
+from slurmagent.config import AUTO, budget_conf, job_spec, site_conf, spec_dict
 from slurmagent.render import _experiment_name, compose
 from slurmagent.schedule.budget import over
 from slurmagent.schedule.history import HistoryStore, default_history_path
 from slurmagent.schedule.plan import plan_spec
+from slurmagent.skills.config_validator import memory_need_gib
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
@@ -33,15 +34,7 @@ def plan_cli(overrides: list[str], as_json: bool = False) -> int:
     on_slurm = spec.cluster != "local" and slurm.available()
     cluster = ClusterInfo.query(slurm) if on_slurm else None
     history = HistoryStore(default_history_path(site.scheduling.history))
-    need = None
-    if spec.resources.gpu_type == "auto":
-        from omegaconf import OmegaConf
-
-        from slurmagent.skills.config_validator import GIB, estimate_memory
-
-        raw = OmegaConf.to_container(cfg, resolve=True)
-        est = estimate_memory({str(k): v for k, v in raw.items()} if isinstance(raw, dict) else {})
-        need = est.total_bytes / GIB if est is not None else None
+    need = memory_need_gib(cfg) if spec.resources.gpu_type == AUTO else None
     plan = plan_spec(
         spec,
         experiment=safe_job_name(_experiment_name(overrides)),
