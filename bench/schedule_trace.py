@@ -309,10 +309,9 @@ def main() -> int:
         )
         p = plan_spec(
             spec,
-            experiment="bench",
-            overrides=[],
+            job.cls,  # the work's fingerprint here: its kind
             site=site,
-            history=_ByClass(store, job.cls),
+            history=store,
             cluster=cluster,
             slurm=slurm,
             need_gib=job.need_gib,
@@ -340,16 +339,6 @@ def main() -> int:
             print(f"{key:36} {va!s:>18} {vb!s:>16}")
     print(f"results: {args.out}")
     return 0
-
-
-class _ByClass:
-    """The history as plan_spec reads it, keyed by the job's class (its fingerprint here)."""
-
-    def __init__(self, store: HistoryStore, cls: str) -> None:
-        self.store, self.cls = store, cls
-
-    def recent(self, _fingerprint: str, limit: int = 20) -> list[Any]:
-        return self.store.recent(self.cls, limit)
 
 
 if __name__ == "__main__":

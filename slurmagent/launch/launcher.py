@@ -54,7 +54,7 @@ from slurmagent.records import Action
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT
-from slurmagent.safety.policy import resolve_policy
+from slurmagent.safety.policy import Policy, resolve_policy
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name
 from slurmagent.slurm.seam import SlurmCLI
@@ -170,7 +170,7 @@ class ArrayLauncher:
         for target in sorted({s.task.target for s in specs if s.task.target}):
             check_importable(target)
         try:  # the policy every automated action of this sweep will be decided by: broken → refuse now
-            resolve_policy(sweep_dir)
+            policy = resolve_policy(sweep_dir)
         except ConfigError as exc:
             raise ConfigError(f"{exc}; nothing was submitted") from None
         choices = {s.cluster for s in specs}
@@ -183,7 +183,7 @@ class ArrayLauncher:
         info = ClusterInfo.query(self.slurm) if backend == "slurm" else None
         urgent = any(s.resources.priority == "urgent" for s in specs)
         if urgent:
-            self._may_use_urgent(sweep_dir)
+            self._may_use_urgent(policy, sweep_dir)
         try:
             specs, schedule = self._schedule(job_overrides, specs, info)
         except ConfigError as exc:
@@ -223,9 +223,9 @@ class ArrayLauncher:
         assert self.config is not None
         return site_conf(spec_dict(self.config, ("site",)).get("site"))
 
-    def _may_use_urgent(self, sweep_dir: Path) -> None:
+    def _may_use_urgent(self, policy: Policy, sweep_dir: Path) -> None:
         """resources.priority=urgent is a rule of the sweep's policy (action priority_urgent)."""
-        decision = resolve_policy(sweep_dir).decide(self._urgent_action(sweep_dir))
+        decision = policy.decide(self._urgent_action(sweep_dir))
         if decision.verdict != "allow":
             raise ConfigError(
                 f"resources.priority=urgent is not allowed for user {current_user()!r} by the policy (rule "
@@ -260,16 +260,15 @@ class ArrayLauncher:
             return specs, {}
         history = HistoryStore(default_history_path(site.scheduling.history))
         experiment = self._job_name()
-        plans: dict[tuple[str, tuple[str, ...]], Plan] = {}
+        plans: dict[tuple[str, str], Plan] = {}  # one per distinct (spec, work)
         per_task: list[Plan] = []
         for overrides, spec in zip(job_overrides, specs, strict=True):
             fp = fingerprint(experiment, overrides, site.scheduling.ignore_in_fingerprint)
-            key = (spec_key(spec), (fp,))
+            key = (spec_key(spec), fp)
             if key not in plans:
                 plans[key] = plan_spec(
                     spec,
-                    experiment=experiment,
-                    overrides=overrides,
+                    fp,
                     site=site,
                     history=history,
                     cluster=info,
@@ -277,10 +276,10 @@ class ArrayLauncher:
                     need_gib=self._need_gib(overrides) if spec.resources.gpu_type == AUTO else None,
                 )
             per_task.append(plans[key])
+        distinct = list(plans.values())
         if self.one_spec and per_task:
-            widest = max(per_task, key=lambda p: p.run_s)
-            per_task = [widest] * len(per_task)
-            plans = {("all", ()): widest}
+            distinct = [max(per_task, key=lambda p: p.run_s)]
+            per_task = distinct * len(per_task)
         predicted = total(p.usage(site) for p in per_task)
         month = None
         if budget.user_month_gpu_hours and info is not None:
@@ -290,7 +289,7 @@ class ArrayLauncher:
         schedule = {
             "budget": dataclasses.asdict(budget),
             "predicted": dataclasses.asdict(predicted),
-            "plans": [p.record() for p in plans.values()],
+            "plans": [p.record() for p in distinct],
             "history": str(history.path),
         }
         resolved = [dataclasses.replace(s, resources=p.resources) for s, p in zip(specs, per_task, strict=True)]

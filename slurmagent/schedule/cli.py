@@ -15,7 +15,7 @@ from rich.table import Table
 from slurmagent.config import AUTO, budget_conf, job_spec, site_conf, spec_dict
 from slurmagent.render import _experiment_name, compose
 from slurmagent.schedule.budget import over
-from slurmagent.schedule.history import HistoryStore, default_history_path
+from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
 from slurmagent.schedule.plan import plan_spec
 from slurmagent.skills.config_validator import memory_need_gib
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
@@ -35,10 +35,10 @@ def plan_cli(overrides: list[str], as_json: bool = False) -> int:
     cluster = ClusterInfo.query(slurm) if on_slurm else None
     history = HistoryStore(default_history_path(site.scheduling.history))
     need = memory_need_gib(cfg) if spec.resources.gpu_type == AUTO else None
+    fp = fingerprint(safe_job_name(_experiment_name(overrides)), overrides, site.scheduling.ignore_in_fingerprint)
     plan = plan_spec(
         spec,
-        experiment=safe_job_name(_experiment_name(overrides)),
-        overrides=overrides,
+        fp,
         site=site,
         history=history,
         cluster=cluster,

@@ -9,14 +9,14 @@ import dataclasses
 import datetime as dt
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurmagent.config import AUTO, GpuConf, JobSpec, ResourcesConf, SiteConf, auto_keys
 from slurmagent.errors import ConfigError
 from slurmagent.schedule.budget import Usage, usage_of
-from slurmagent.schedule.history import HistoryStore, fingerprint
+from slurmagent.schedule.history import HistoryStore
 from slurmagent.schedule.place import (
     ANY,
     Candidate,
@@ -78,9 +78,8 @@ def checkpointed(spec: JobSpec) -> bool:
 
 def plan_spec(
     spec: JobSpec,
+    fp: str,
     *,
-    experiment: str,
-    overrides: Sequence[str],
     site: SiteConf,
     history: HistoryStore | None,
     cluster: ClusterInfo | None,
@@ -89,10 +88,10 @@ def plan_spec(
     avoid: Collection[str] = (),
     now: float | None = None,
 ) -> Plan:
-    """Resolve `spec`'s auto values and priority; `cluster`/`slurm` None = the local backend."""
+    """Resolve `spec`'s auto values and priority for the work `fp` (history.fingerprint);
+    `cluster`/`slurm` None = the local backend."""
     sched = site.scheduling
     res = spec.resources
-    fp = fingerprint(experiment, overrides, sched.ignore_in_fingerprint)
     pred = predict(history.recent(fp) if history is not None else [], site)
     decisions: list[dict[str, str]] = []
 

@@ -232,9 +232,9 @@ def test_plan_resolves_every_auto_value_and_records_why(tmp_path: Path) -> None:
             "gpu:1": ("2026-12-01T12:00:00", "t4-1"),  # either type: Slurm would start it on the t4 now
         }
     )
+    fp = fingerprint("exp", ["model.width=64", "optim.lr=0.1"], SchedulingConf().ignore_in_fingerprint)
     plan = plan_spec(
-        spec, experiment="exp", overrides=["model.width=64", "optim.lr=0.1"], site=default_site(),
-        history=store, cluster=CLUSTER, slurm=slurm, need_gib=2.0, now=now,
+        spec, fp, site=default_site(), history=store, cluster=CLUSTER, slurm=slurm, need_gib=2.0, now=now,
     )  # fmt: skip
     res = plan.resources
     # the a100 would start in 30 min and run 3 min; a t4 starts now and runs 120 × 1.2 / 0.15 s = 16 min: a
