@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from slurmagent.config import ResourcesConf, SiteConf
 from slurmagent.errors import ConfigError, choices
+from slurmagent.schedule.predict import limit_seconds
 from slurmagent.slurm.cluster import ClusterInfo, NodeInfo
 
 UNUSABLE_STATES = ("drain", "down", "fail", "maint", "reboot", "unknown", "not_responding", "inval", "future")
@@ -86,16 +87,13 @@ def candidates(
     inflation: float = 1.0,
 ) -> list[Candidate]:
     """Every (partition, GPU type) the job could ask for, with its fit, run time and cost."""
-    from slurmagent.schedule.predict import Prediction
-
-    pred = Prediction(reference_s, None, 0, "")
     out: list[Candidate] = []
     gpus_total = res.gpus * res.nodes
     for part_name in partitions_for(res, site, cluster):
         part = cluster.partitions[part_name]
         nodes = [cluster.nodes[n] for n in part.nodes if n in cluster.nodes and usable(cluster.nodes[n], avoid)]
         if res.gpus == 0:
-            run_s = pred.seconds_on(1.0, inflation) or fallback_s
+            run_s = limit_seconds(reference_s, 1.0, inflation) or fallback_s
             out.append(Candidate(part_name, None, tuple(n.name for n in nodes), None, True, "CPU job", run_s, 0.0, 0.0))
             continue
         wanted = {res.gpu_type} if res.gpu_type not in (None, "auto") else {t for n in nodes for t in n.gpus if t}
@@ -113,7 +111,7 @@ def candidates(
             else:
                 fits = memory - GPU_HEADROOM_GIB >= need_gib
                 note = f"{memory:g} GiB {'≥' if fits else '<'} {need_gib:.2f} GiB needed"
-            run_s = pred.seconds_on(throughput, inflation) or fallback_s
+            run_s = limit_seconds(reference_s, throughput, inflation) or fallback_s
             hours = gpus_total * run_s / 3600
             price = gpu.price_per_hour if gpu is not None else 0.0
             out.append(Candidate(part_name, gpu_type, have, memory, fits, note, run_s, hours * price, hours))
@@ -189,11 +187,14 @@ def choose(cands: list[Candidate]) -> tuple[Candidate, str]:
     return best, "; ".join(why)
 
 
+def _gpus_on(node: NodeInfo, gpu_type: str | None) -> int:
+    """The node's GPUs of `gpu_type` (None: of any type), at least 1 (a divisor)."""
+    return max(1, node.gpus.get(gpu_type or "", 0) or sum(node.gpus.values()))
+
+
 def proportional_cpus(res: ResourcesConf, nodes: list[NodeInfo], gpu_type: str | None) -> int:
     """CPUs per task in proportion to the GPUs asked of the type's smallest node share."""
-    shares = [
-        n.cpus * res.gpus // max(1, n.gpus.get(gpu_type or "", 0) or sum(n.gpus.values())) for n in nodes if n.gpus
-    ]
+    shares = [n.cpus * res.gpus // _gpus_on(n, gpu_type) for n in nodes if n.gpus]
     if not shares:
         return res.cpus_per_task
     return max(res.cpus_per_task, min(shares) // max(1, res.tasks_per_node))
@@ -204,7 +205,7 @@ def proportional_mem_mb(res: ResourcesConf, nodes: list[NodeInfo], gpu_type: str
     shares = []
     for n in nodes:
         if res.gpus and n.gpus:
-            shares.append(n.mem_mb * res.gpus // max(1, n.gpus.get(gpu_type or "", 0) or sum(n.gpus.values())))
+            shares.append(n.mem_mb * res.gpus // _gpus_on(n, gpu_type))
         elif not res.gpus and n.cpus:
             shares.append(n.mem_mb * res.tasks_per_node * res.cpus_per_task // n.cpus)
     return min(shares) if shares else None

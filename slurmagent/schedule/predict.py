@@ -41,8 +41,16 @@ class Prediction:
 
     def seconds_on(self, throughput: float, inflation: float = 1.0) -> int | None:
         """The --time to ask on a GPU of `throughput` (rounded up to whole minutes)."""
-        raw = self.expected_on(throughput, inflation)
-        return None if raw is None else max(MIN_TIME_S, math.ceil(raw / 60 - 1e-9) * 60)
+        return limit_seconds(self.reference_s, throughput, inflation)
+
+
+def limit_seconds(reference_s: float | None, throughput: float, inflation: float = 1.0) -> int | None:
+    """The --time for `reference_s` A100-seconds of work on a GPU of `throughput`, in whole
+    minutes (Slurm's unit); None without a prediction."""
+    if reference_s is None:
+        return None
+    raw = reference_s / max(throughput, 1e-9) * inflation
+    return max(MIN_TIME_S, math.ceil(raw / 60 - 1e-9) * 60)
 
 
 def reference_seconds(row: HistoryRow, site: SiteConf) -> float:
