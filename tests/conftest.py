@@ -106,6 +106,17 @@ def _only_slurm_tests_see_the_cluster(request: pytest.FixtureRequest, monkeypatc
 
 
 @pytest.fixture()
+def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The per-user state (audit log, kill switch, history) inside the test directory, and no
+    policy or approvals directory from the environment; yields the state directory."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("SLURMAGENT_STATE_DIR", str(state))
+    monkeypatch.delenv("SLURMAGENT_POLICY", raising=False)
+    monkeypatch.delenv("SLURMAGENT_APPROVALS_DIR", raising=False)
+    return state
+
+
+@pytest.fixture()
 def no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hide the test cluster: Slurm commands then find no config and fail, as on a laptop."""
     monkeypatch.delenv("SLURM_CONF", raising=False)

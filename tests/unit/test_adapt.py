@@ -93,14 +93,8 @@ EXPLODE = adapt(explosion={"patience": 3, "warmup": 5, "snapshot_every": 10}, pl
 BLOW_UP = {30: 1e4, 31: 1e4, 32: 1e4}  # the loss ×1e4 for three steps: the gradient norm jumps ~1e4×
 
 
-@pytest.fixture(autouse=True)
-def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The per-user audit log and the user-wide kill switch, inside the test directory."""
-    state = tmp_path / "state"
-    monkeypatch.setenv("SLURMAGENT_STATE_DIR", str(state))
-    monkeypatch.delenv("SLURMAGENT_POLICY", raising=False)
-    monkeypatch.delenv("SLURMAGENT_APPROVALS_DIR", raising=False)
-    return state
+# the per-user audit log, the user-wide kill switch and the policy: inside the test directory
+pytestmark = pytest.mark.usefixtures("own_state_dir")
 
 
 @dataclass

@@ -17,15 +17,8 @@ from slurmagent.safety.gate import Gate
 from slurmagent.safety.policy import load_policy, policy_names, resolve_policy
 from slurmagent.safety.switch import pause, paused, resume
 
-
-@pytest.fixture(autouse=True)
-def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The per-user audit log and the user-wide switch, kept inside the test directory."""
-    state = tmp_path / "state"
-    monkeypatch.setenv("SLURMAGENT_STATE_DIR", str(state))
-    monkeypatch.delenv("SLURMAGENT_POLICY", raising=False)
-    monkeypatch.delenv("SLURMAGENT_APPROVALS_DIR", raising=False)
-    return state
+# the per-user audit log, the user-wide kill switch and the policy: inside the test directory
+pytestmark = pytest.mark.usefixtures("own_state_dir")
 
 
 def act(kind: str, **context: Any) -> Action:
