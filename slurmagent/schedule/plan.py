@@ -9,7 +9,7 @@ import dataclasses
 import datetime as dt
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +177,7 @@ def _fill(
     cluster: ClusterInfo,
     spec: JobSpec,
     site: SiteConf,
-    decide: Any = None,
+    decide: Callable[[str, Any, str], None] | None = None,
 ) -> ResourcesConf:
     """`res` with its auto values replaced for the chosen candidate."""
     note = decide or (lambda *_: None)

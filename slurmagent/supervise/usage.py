@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurmagent.config import budget_conf, site_conf
+from slurmagent.config import BudgetConf, budget_conf, site_conf
 from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
 from slurmagent.records import Action
 from slurmagent.safety.audit import AuditLog
@@ -112,7 +112,7 @@ class UsageTracker:
         return self._node_types.get(first, "")
 
     def _spend(
-        self, state: SweepState, budget: Any, jobs: dict[str, TaskRecord], by_job: dict[str, list[JobUsage]]
+        self, state: SweepState, budget: BudgetConf, jobs: dict[str, TaskRecord], by_job: dict[str, list[JobUsage]]
     ) -> bool:
         site = site_conf(state.site)
         spent = Usage()
