@@ -486,6 +486,10 @@ try:
               "records": [(r["step"], r["kind"], r["decision"]) for r in loop.adapt.records]}
 except StopForRequeue as stop:
     result = {"stopped_at": stop.step}
+# as slurmagent/examples/ddp.py ends: no rank tears the group down while another still uses it,
+# and DDP (its reducer holds the group) goes first, else gloo's destructor may abort or hang at exit
+dist.barrier()
+del ddp
 dist.destroy_process_group()
 print(json.dumps(result))
 """

@@ -48,6 +48,10 @@ try:
     result = {"hash": state_hash(model), "resumed_from": loop.restored_from}
 except StopForRequeue as stop:
     result = {"stopped_at": stop.step}
+# as slurmagent/examples/ddp.py ends: no rank tears the group down while another still uses it,
+# and DDP (its reducer holds the group) goes first, else gloo's destructor may abort or hang at exit
+dist.barrier()
+del ddp
 dist.destroy_process_group()
 print(json.dumps(result))
 """
