@@ -444,7 +444,7 @@ def test_the_job_layer_hands_the_gate_to_the_loop(tmp_path: Path, monkeypatch: p
 
 
 RANK_WORKER = r"""
-import json, signal, sys
+import json, os, signal, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from slurmagent.config import CheckpointConf, adapt_conf
@@ -491,7 +491,11 @@ except StopForRequeue as stop:
 dist.barrier()
 del ddp
 dist.destroy_process_group()
-print(json.dumps(result))
+print(json.dumps(result), flush=True)
+# the result is out: skip the interpreter's and C++ static teardown, where a gloo/c10d thread
+# still joinable can std::terminate (SIGABRT, 'terminate called without an active exception';
+# seen twice in CI, never in 160 local runs). What these tests check is done by now.
+os._exit(0)
 """
 
 
