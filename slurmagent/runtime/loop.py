@@ -65,6 +65,20 @@ class StopForRequeue(SystemExit):
         super().__init__(0)
 
 
+def gpu_memory_peak_mb() -> float | None:
+    """The most GPU memory torch's caching allocator has held on one of this process's devices
+    since it started, MiB (the CUDA context, ~0.3-1 GiB, is not in it); None when the process
+    has not used CUDA. Read, never initialised: a CPU job pays nothing."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    try:
+        peak = max(torch.cuda.max_memory_reserved(d) for d in range(torch.cuda.device_count()))
+    except (RuntimeError, ValueError):  # a device lost mid-run: the health path's business, not this one's
+        return None
+    return float(peak) / 2**20
+
+
 def _distributed() -> Any:
     """torch.distributed when the training code initialised a process group of 2+ ranks."""
     dist = sys.modules.get("torch.distributed")
@@ -337,7 +351,7 @@ class StepLoop:
         done = self.step + 1 if not force else self.step
         elapsed = now - self._run_started
         rate = (done - self.start_step) / elapsed if elapsed > 0 and done > self.start_step else None
-        body = {
+        body: dict[str, Any] = {
             "step": done,
             "total_steps": self.end_step,
             "start_step": self.start_step,
@@ -346,6 +360,9 @@ class StepLoop:
             "time": time.time(),
             "attempt": self.ctx.attempt,
         }
+        peak = gpu_memory_peak_mb()
+        if peak is not None:
+            body["gpu_mem_peak_mb"] = round(peak, 1)
         path = self.ctx.output_dir / TaskFile.PROGRESS
         tmp = path.with_name(f".{TaskFile.PROGRESS}.{os.getpid()}")
         try:

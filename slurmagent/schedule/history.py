@@ -2,7 +2,8 @@
 
 One row per task run to its end (all its Slurm runs together: a task requeued at its time
 limit has done its work over several runs), fed from `sacct` (Elapsed, MaxRSS, ReqMem,
-TotalCPU, State, nodes, GPUs) and from the runtime (steps/s, from the task's progress).
+TotalCPU, State, nodes, GPUs) and from the runtime (steps/s and, on a GPU, the peak GPU memory
+its allocator held, from the task's progress).
 Rows are keyed by the fingerprint of the task's work: the experiment and the overrides that
 change run time or memory, not the learning rate or the seed (`site.scheduling.ignore_in_fingerprint`).
 
@@ -69,6 +70,7 @@ class HistoryRow:
     runs: int  # Slurm runs (1 + requeues)
     steps_per_s: float = 0.0  # from the runtime's progress; 0 = not reported
     ended_at: float = 0.0
+    gpu_mem_peak_mb: float = 0.0  # the runtime's: the most GPU memory one device held; 0 = not reported
 
     @property
     def hit_limit(self) -> bool:
@@ -76,7 +78,13 @@ class HistoryRow:
 
 
 def row_from_usage(
-    fp: str, task_key: str, experiment: str, gpu_type: str, runs: Sequence[JobUsage], steps_per_s: float = 0.0
+    fp: str,
+    task_key: str,
+    experiment: str,
+    gpu_type: str,
+    runs: Sequence[JobUsage],
+    steps_per_s: float = 0.0,
+    gpu_mem_peak_mb: float = 0.0,
 ) -> HistoryRow | None:
     """The task's history row from its Slurm runs (oldest first); None until it has ended."""
     ended = [r for r in runs if r.state in ENDED_STATES or r.state in ("REQUEUED", "PREEMPTED")]
@@ -100,6 +108,7 @@ def row_from_usage(
         runs=len(ended),
         steps_per_s=steps_per_s,
         ended_at=time.time(),
+        gpu_mem_peak_mb=gpu_mem_peak_mb,
     )
 
 
@@ -108,8 +117,10 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS runs ("
     "fingerprint TEXT NOT NULL, task_key TEXT PRIMARY KEY, experiment TEXT, partition TEXT, gpu_type TEXT, "
     "gpus INTEGER, elapsed_s REAL, timelimit_s REAL, max_rss_mb REAL, req_mem_mb REAL, total_cpu_s REAL, "
-    "state TEXT, nodes TEXT, runs INTEGER, steps_per_s REAL, ended_at REAL)"
+    "state TEXT, nodes TEXT, runs INTEGER, steps_per_s REAL, ended_at REAL, gpu_mem_peak_mb REAL DEFAULT 0)"
 )
+# columns added since the first schema: a store written by an older slurmagent gains them on open
+_ADDED = {"gpu_mem_peak_mb": "REAL DEFAULT 0"}
 
 
 def default_history_path(configured: str = "") -> Path:
@@ -124,6 +135,14 @@ class HistoryStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute(_SCHEMA)
+            have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+            for name, kind in _ADDED.items():
+                if name not in have:
+                    try:
+                        db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+                    except sqlite3.OperationalError as exc:  # another process added it first
+                        if "duplicate column" not in str(exc):
+                            raise
             db.execute("CREATE INDEX IF NOT EXISTS by_fp ON runs (fingerprint, ended_at)")
 
     def _connect(self) -> sqlite3.Connection:

@@ -89,10 +89,13 @@ def plan_spec(
     now: float | None = None,
 ) -> Plan:
     """Resolve `spec`'s auto values and priority for the work `fp` (history.fingerprint);
-    `cluster`/`slurm` None = the local backend."""
+    `cluster`/`slurm` None = the local backend; `need_gib`: the config validator's estimate of
+    one GPU's memory need, replaced by the peak measured on this work's runs when there is one."""
     sched = site.scheduling
     res = spec.resources
     pred = predict(history.recent(fp) if history is not None else [], site)
+    if pred.gpu_mem_gib is not None:  # measured on this work's own runs: it wins over the config's estimate
+        need_gib = pred.gpu_mem_gib
     decisions: list[dict[str, str]] = []
 
     def decide(key: str, value: Any, why: str) -> None:

@@ -32,6 +32,7 @@ class Prediction:
     mem_mb: int | None  # memory per node to ask; None = no history
     runs: int  # history rows it is based on
     basis: str  # how, in words, with the numbers
+    gpu_mem_gib: float | None = None  # GPU memory one device needs, from measured peaks; None = none measured
 
     def expected_on(self, throughput: float, inflation: float = 1.0) -> float | None:
         """The predicted run time on a GPU of `throughput`, seconds (what a budget counts)."""
@@ -63,8 +64,9 @@ def predict(rows: Sequence[HistoryRow], site: SiteConf, conf: SchedulingConf | N
     run time; an OOM'd run still says memory was short (its MaxRSS is a lower bound)."""
     conf = conf or site.scheduling
     timed = [r for r in rows if r.state in ("COMPLETED", "TIMEOUT")][: conf.recent]
+    gpu_gib, gpu_basis = _gpu_mem(rows, conf)
     if not timed:
-        return Prediction(None, _mem(rows, conf), 0, "no finished run of this work in the history")
+        return Prediction(None, _mem(rows, conf), 0, "no finished run of this work in the history" + gpu_basis, gpu_gib)
     values = [reference_seconds(r, site) * (2.0 if r.hit_limit else 1.0) for r in timed]
     mean = sum(values) / len(values)
     overran = sum(r.hit_limit for r in timed)
@@ -74,7 +76,18 @@ def predict(rows: Sequence[HistoryRow], site: SiteConf, conf: SchedulingConf | N
     basis = f"mean of the last {len(timed)} run(s) ({shown}) = {mean:.0f} A100-s, × {conf.inflation} inflation"
     if overran:
         basis += f"; {overran} overran"
-    return Prediction(mean, _mem(rows, conf), len(timed), basis)
+    return Prediction(mean, _mem(rows, conf), len(timed), basis + gpu_basis, gpu_gib)
+
+
+def _gpu_mem(rows: Sequence[HistoryRow], conf: SchedulingConf) -> tuple[float | None, str]:
+    """The GPU memory one device needs: the largest peak the runtime measured in the recent
+    runs (what torch's allocator held), inflated like host memory. An OOM'd run's peak is only
+    a lower bound, but it is still a bound."""
+    peaks = [r.gpu_mem_peak_mb for r in rows[: max(conf.recent, 5)] if r.gpu_mem_peak_mb > 0]
+    if not peaks:
+        return None, ""
+    need = max(peaks) * conf.inflation / 1024
+    return need, f"; GPU memory: peak {max(peaks) / 1024:.2f} GiB measured, × {conf.inflation} = {need:.2f} GiB"
 
 
 def _mem(rows: Sequence[HistoryRow], conf: SchedulingConf) -> int | None:

@@ -83,9 +83,17 @@ class UsageTracker:
             if not gpu_type and runs and runs[-1].gpus:  # an any-type request: the type of the node it ran on
                 gpu_type = self._type_of(runs[-1].nodes)
             fp = fingerprint(state.job_name, task.overrides, site.scheduling.ignore_in_fingerprint)
-            speed = (progress(state, task) or {}).get("steps_per_s")  # the runtime's own, when it reports one
+            reported = progress(state, task) or {}  # the runtime's own figures, when it reports them
             key = f"{state.sweep_dir}#{task.index}"
-            row = row_from_usage(fp, key, state.job_name, gpu_type, runs, float(speed or 0.0))
+            row = row_from_usage(
+                fp,
+                key,
+                state.job_name,
+                gpu_type,
+                runs,
+                float(reported.get("steps_per_s") or 0.0),
+                float(reported.get("gpu_mem_peak_mb") or 0.0),
+            )
             if row is not None:
                 rows.append((task.index, row))
         if not rows:

@@ -69,6 +69,7 @@ def test_history_from_sacct_then_plan_and_auto_from_it(slurm_conf: str, tmp_path
     assert all(8 <= r.elapsed_s <= 120 and r.state == "COMPLETED" and r.timelimit_s == 600 for r in rows), rows
     assert len({r.fingerprint for r in rows}) == 2  # synthetic.x changes the work (it is not an lr)
     assert all(1 < r.steps_per_s < 5 for r in rows), rows  # the runtime's speed (0.25 s a step)
+    assert all(r.gpu_mem_peak_mb == 0 for r in rows)  # no CUDA in these jobs (the GRES is Slurm's): no GPU peak
 
     before = len(my_jobs()), sacct_count()
     auto = ["resources.gpus=1", "resources.gpu_type=auto", "resources.time=auto", "resources.mem=auto"]

@@ -6,6 +6,8 @@ tests/slurm/test_schedule_slurm.py.)"""
 from __future__ import annotations
 
 import dataclasses
+import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -128,6 +130,23 @@ def test_history_store_ingests_real_sacct_output(tmp_path: Path) -> None:
     assert HistoryStore(tmp_path / "h.sqlite").recent("fpA")[0] == requeued  # persisted
 
 
+def test_a_store_written_before_gpu_peaks_were_kept_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as db:  # the first schema (slurmagent before GPU memory peaks)
+        db.execute(
+            "CREATE TABLE runs (fingerprint TEXT NOT NULL, task_key TEXT PRIMARY KEY, experiment TEXT, "
+            "partition TEXT, gpu_type TEXT, gpus INTEGER, elapsed_s REAL, timelimit_s REAL, max_rss_mb REAL, "
+            "req_mem_mb REAL, total_cpu_s REAL, state TEXT, nodes TEXT, runs INTEGER, steps_per_s REAL, ended_at REAL)"
+        )
+        db.execute("INSERT INTO runs VALUES ('fp', 'old#0', 'e', 'low', 't4', 1, 60, 600, 900, 1000, 5, "
+                   "'COMPLETED', 't4-1', 1, 2.0, 1)")  # fmt: skip
+    store = HistoryStore(path)
+    old = store.recent("fp")[0]
+    assert old.task_key == "old#0" and old.elapsed_s == 60 and old.gpu_mem_peak_mb == 0  # kept: "not reported"
+    store.add([dataclasses.replace(row(70, at=2), fingerprint="fp", gpu_mem_peak_mb=5000.0)])
+    assert [r.gpu_mem_peak_mb for r in HistoryStore(path).recent("fp")] == [5000.0, 0.0]
+
+
 # -- the predictor ------------------------------------------------------------------------------
 def test_predictor_means_the_recent_runs_and_inflates() -> None:
     site = default_site()
@@ -155,6 +174,15 @@ def test_predictor_memory_from_max_rss_and_oom() -> None:
     oom = predict([row(60, state="OUT_OF_MEMORY", rss=1900)], site)
     assert oom.mem_mb == 4032  # it needed more than its 2000 MB: twice that, in 64 MB steps
     assert predict([row(60, rss=0)], site).mem_mb is None
+
+
+def test_predictor_gpu_memory_from_the_measured_peaks() -> None:
+    site = default_site()
+    rows = [dataclasses.replace(row(60, at=2), gpu_mem_peak_mb=20480.0), row(60, at=1)]  # 20 GiB, not reported
+    pred = predict(rows, site)
+    assert pred.gpu_mem_gib == pytest.approx(24.0)  # 20 GiB × 1.2
+    assert "GPU memory: peak 20.00 GiB measured, × 1.2 = 24.00 GiB" in pred.basis
+    assert predict([row(60)], site).gpu_mem_gib is None  # none measured: the config's estimate stands
 
 
 # -- placement ----------------------------------------------------------------------------------
@@ -247,6 +275,79 @@ def test_plan_resolves_every_auto_value_and_records_why(tmp_path: Path) -> None:
     assert plan.usage(default_site()).cost == pytest.approx(960 / 3600 * 0.35)  # priced where it may land: a t4
 
 
+def test_plan_sizes_gpu_memory_from_the_peak_measured_on_this_work(tmp_path: Path) -> None:
+    spec = job_spec({"resources": {"gpus": 1, "gpu_type": "auto", "time": "auto"}, "task": {"target": "m:f"}})
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.add([dataclasses.replace(row(120, "a100", at=1), fingerprint="fp", gpu_mem_peak_mb=20480.0)])
+    slurm = RecordedSlurm(
+        {"gpu:a100:1": ("2026-12-01T12:30:00", "a100-1"), "gpu:t4:1": ("2026-12-01T12:00:00", "t4-1")}
+    )
+    # the config's estimate (2 GiB) would fit a t4, free now; the runs of this work held 20 GiB
+    plan = plan_spec(spec, "fp", site=default_site(), history=store, cluster=CLUSTER, slurm=slurm, need_gib=2.0)
+    t4 = next(c for c in plan.candidates if c.gpu_type == "t4")
+    assert not t4.fits and t4.fit_note == "16 GiB < 24.00 GiB needed"
+    assert plan.resources.gpu_type == "a100" and [f["gres"] for f in slurm.asked] == ["gpu:a100:1"]
+    assert "peak 20.00 GiB measured" in plan.prediction.basis
+
+
+def test_the_history_row_carries_the_runtimes_gpu_peak(tmp_path: Path, own_state_dir: Path) -> None:
+    from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+    from slurmagent.supervise.usage import UsageTracker
+
+    class RecordedSacct(SlurmCLI):
+        def usage(self, job_ids):  # type: ignore[no-untyped-def]
+            return [u for u in parse_usage(SACCT) if u.job_id in {"1736_0", "1736_1"}]
+
+        def node_gpu_types(self):  # type: ignore[no-untyped-def]
+            return {"t4-1": "t4"}  # the sweep asked for any type: the row gets the type of the node it ran on
+
+    tasks = [TaskRecord(i, [f"x={i}"], [Attempt(f"1736_{i}", 0.0)], state="COMPLETED") for i in (0, 1)]
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path / ".submitit"), 0.0, tasks, array_ids=["1736"])
+    state.job_name = "slurmagent"
+    for i, peak in ((0, 3072.5), (1, None)):  # task 1 ran on a CPU (or an older runtime): no peak reported
+        (tmp_path / str(i)).mkdir()
+        body = {"step": 40, "total_steps": 40, "steps_per_s": 8.0} | ({"gpu_mem_peak_mb": peak} if peak else {})
+        (tmp_path / str(i) / "progress.json").write_text(json.dumps(body))
+    assert UsageTracker(RecordedSacct(runner=lambda argv, timeout: "")).poll(state, ended=0)
+    store = HistoryStore(own_state_dir / "history.sqlite")
+    ignore = SchedulingConf().ignore_in_fingerprint
+    rows = {i: store.recent(fingerprint("slurmagent", [f"x={i}"], ignore))[0] for i in (0, 1)}
+    assert rows[0].gpu_mem_peak_mb == 3072.5 and rows[0].steps_per_s == 8.0 and rows[0].elapsed_s == 5
+    assert rows[0].gpu_type == "t4"
+    assert rows[1].gpu_mem_peak_mb == 0.0 and state.schedule["ingested"] == [0, 1]
+
+
+def test_the_runtime_reports_the_allocators_gpu_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU nothing is reported; with CUDA in use, the most any device's allocator held.
+    No GPU here: torch.cuda's counters are stand-ins (a fake GPU); the gpu-marked test reads real ones."""
+    import torch
+
+    from slurmagent.config import CheckpointConf
+    from slurmagent.runtime import StepLoop, context_from_env
+    from slurmagent.runtime.loop import gpu_memory_peak_mb
+    from slurmagent.runtime.torch_state import TorchState
+
+    model = torch.nn.Linear(2, 1)
+    loop = StepLoop(
+        context_from_env({}, output_dir=tmp_path), TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1)), 3,
+        CheckpointConf(every_steps=0), install_signal_handlers=False,
+    )  # fmt: skip
+    for _ in loop:
+        loop.report(loss=1.0)
+    assert gpu_memory_peak_mb() is None and "gpu_mem_peak_mb" not in json.loads(
+        (tmp_path / "progress.json").read_text()
+    )
+    reserved = {0: 1536 * 2**20, 1: 3072 * 2**20}  # the fake GPU: two devices' allocator peaks
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d: reserved[d])
+    loop._progress(force=True)
+    assert json.loads((tmp_path / "progress.json").read_text())["gpu_mem_peak_mb"] == 3072.0
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # CUDA never used by this job: not touched
+    assert gpu_memory_peak_mb() is None
+
+
 # -- budgets ------------------------------------------------------------------------------------
 def test_budget_refuses_a_prediction_over_it_with_both_numbers() -> None:
     site = default_site()
@@ -262,3 +363,17 @@ def test_budget_refuses_a_prediction_over_it_with_both_numbers() -> None:
     check_prediction(BudgetConf(gpu_hours=5, cost=20, user_month_gpu_hours=100), predicted, month_spent=1)
     assert reached(BudgetConf(gpu_hours=1), Usage(1.0, 0)) and not reached(BudgetConf(gpu_hours=1), Usage(0.9, 0))
     assert not reached(BudgetConf(), Usage(100, 100))
+
+
+@pytest.mark.gpu
+def test_the_runtime_reads_a_real_cuda_allocators_peak() -> None:
+    import torch
+
+    from slurmagent.runtime.loop import gpu_memory_peak_mb
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here (a CPU torch build, or no GPU)")
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    peak = gpu_memory_peak_mb()
+    del block
+    assert peak is not None and peak >= 256
