@@ -406,15 +406,15 @@ class ArrayLauncher:
             self._print_follow(console, sweep_dir, f"detached: the sweep is supervised by {where}")
             return None
 
-        sup = Supervisor(
-            sweep_dir,
-            self.slurm,
-            conf.poll_interval_s,
-            conf.max_poll_interval_s,
-            console,
-            submit=submitter,
-        )
-        try:
+        try:  # Ctrl-C from the moment the sweep is said to be submitted, the supervisor's set-up included
+            sup = Supervisor(
+                sweep_dir,
+                self.slurm,
+                conf.poll_interval_s,
+                conf.max_poll_interval_s,
+                console,
+                submit=submitter,
+            )
             state = sup.wait(role="launcher")
         except KeyboardInterrupt:
             self._interrupted(store, conf, console, specs[0].resources.account)
