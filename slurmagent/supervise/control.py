@@ -10,6 +10,7 @@ from pathlib import Path
 
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.detach import stop_supervisor
+from slurmagent.supervise.procs import cmdline
 from slurmagent.supervise.state import SweepStore
 
 
@@ -33,8 +34,4 @@ def cancel_sweep(sweep_dir: str | Path, slurm: SlurmCLI, why: str) -> int:
 
 def _is_local_task(pid: str) -> bool:
     """True only if `pid` still runs a submitit task (a pid may have been reused since)."""
-    try:
-        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return False
-    return b"submitit" in cmdline
+    return any(b"submitit" in arg for arg in cmdline(pid))

@@ -45,6 +45,7 @@ from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT
 from slurmagent.slurm.sbatch import safe_directive_value, safe_job_name, sbatch_flags
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
+from slurmagent.supervise.procs import cmdline
 from slurmagent.supervise.state import SweepState, SweepStore
 from slurmagent.supervise.submission import Submitter
 from slurmagent.supervise.supervisor import Supervisor
@@ -183,11 +184,8 @@ def stop_supervisor(sweep_dir: Path, slurm: SlurmCLI) -> str:
 
 def _is_supervisor_process(pid: int) -> bool:
     """Only a `slurmagent supervise` process (a pid may have been reused since)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return False
-    return b"slurmagent" in cmdline and b"supervise" in cmdline
+    argv = cmdline(pid)
+    return b"slurmagent" in argv and b"supervise" in argv
 
 
 # -- the supervisor --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 from slurmagent.config import JobSpec, job_spec, site_conf
 from slurmagent.errors import SubmissionRefused
 from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.supervise.procs import command_running, pid_alive
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,8 @@ log = logging.getLogger(__name__)
 WAITING = "WAITING"  # in sweep.json, not submitted yet (slurmagent's state, not Slurm's)
 REFUSED = "REFUSED"  # Slurm refused its submission for good (the message is the task's error)
 # an intent without a job id this old is looked up in the queue (longer than one sbatch may
-# take, so a killed launcher's sbatch still in flight has ended)
+# take, so a killed launcher's sbatch still in flight has ended); at once when its submitter
+# ran on this host, is gone, and no sbatch runs here
 RECONCILE_AFTER_S = 90.0
 RETRY_LIMIT_AFTER_S = 30.0  # after a limit refusal, try again this long later (or when a task ends)
 
@@ -79,6 +82,8 @@ def open_intent(state: SweepState, tasks: list[TaskRecord], attempt: int) -> dic
         "job_id": None,
         "state": "submitting",
         "at": time.time(),
+        "host": socket.gethostname(),  # who submits: a dead submitter on this host has nothing in flight
+        "pid": os.getpid(),
     }
     state.submissions.append(intent)
     return intent
@@ -134,7 +139,7 @@ def reconcile(state: SweepState, slurm: SlurmCLI, user: str) -> int:
     recovered = 0
     by_index = {t.index: t for t in state.tasks}
     for intent in [i for i in state.submissions if i["state"] == "submitting"]:
-        if time.time() - float(intent["at"]) < RECONCILE_AFTER_S:
+        if time.time() - float(intent["at"]) < RECONCILE_AFTER_S and _may_be_in_flight(intent):
             continue
         found = slurm.jobs_with_comment(str(intent["marker"]), user)
         tasks = [by_index[i] for i in intent["tasks"] if i in by_index]
@@ -147,6 +152,16 @@ def reconcile(state: SweepState, slurm: SlurmCLI, user: str) -> int:
         else:
             drop_intent(state, intent)
     return recovered
+
+
+def _may_be_in_flight(intent: dict[str, Any]) -> bool:
+    """Whether the intent's sbatch may still be running: yes unless its submitter ran on
+    this host and is gone, and no sbatch of this user runs here (an orphaned one would)."""
+    if intent.get("host") != socket.gethostname() or not intent.get("pid"):
+        return True
+    if pid_alive(intent["pid"]):
+        return True
+    return command_running("sbatch") is not False
 
 
 def in_flight(state: SweepState) -> set[int]:

@@ -21,6 +21,7 @@ from submitit.core.utils import JobPaths
 from slurmagent.errors import SlurmAgentError
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
 from slurmagent.supervise.lead import Lead
+from slurmagent.supervise.procs import pid_alive
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.submission import RETRY_LIMIT_AFTER_S, WAITING, Submitter, submit_waiting
@@ -61,14 +62,6 @@ def stderr_tail(state: SweepState, job_id: str, lines: int = STDERR_TAIL) -> str
         if text.strip():
             return "\n".join(text.splitlines()[-lines:])
     return ""
-
-
-def _pid_alive(pid: str) -> bool:
-    try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def unwrap_return(value: Any) -> tuple[bool, Any, str]:
@@ -135,7 +128,7 @@ class Supervisor:
         out: dict[str, TaskStatus] = {}
         for t in pending:
             if t.job_id:
-                st = "RUNNING" if _pid_alive(t.job_id) else "EXITED"
+                st = "RUNNING" if pid_alive(t.job_id) else "EXITED"
                 out[t.job_id] = TaskStatus(t.job_id, st, "", "", os.uname().nodename, 0)
         return out
 

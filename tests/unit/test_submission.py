@@ -5,6 +5,7 @@ launcher's SubmititSubmitter builds submitit arrays; tests/fake and tests/slurm 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,6 +164,37 @@ def test_a_killed_launchers_submission_is_found_by_its_marker(tmp_path: Path, fa
     report = submit_waiting(state, lambda: None, ScriptSubmitter(slurm, tmp_path), slurm, max_array=10, user="me")
     assert report.submitted == 2 and all(t.job_id for t in state.tasks)
     assert len({j["array"] or j_id for j_id, j in fake.jobs().items()}) == 2  # two arrays, no duplicate
+
+
+def test_a_dead_submitter_on_this_host_is_reconciled_at_once(tmp_path: Path, fake: FakeSlurm) -> None:
+    """The launcher that opened the intent ran here and is gone, and no sbatch runs here: nothing
+    can be in flight, so the next poll need not wait RECONCILE_AFTER_S. Alive, or an sbatch
+    still running (orphaned by the killed launcher), or another host: it waits."""
+    import subprocess
+    import sys
+
+    slurm = SlurmCLI(runner=fake)
+    state = sweep(tmp_path, 2)
+    intent = open_intent(state, state.tasks, 1)
+    assert intent["pid"] == os.getpid() and reconcile(state, slurm, "me") == 0 and intent in state.submissions
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    intent["pid"] = dead.pid  # the launcher was killed before its sbatch
+    sbatch = tmp_path / "bin" / "sbatch"
+    sbatch.parent.mkdir()
+    sbatch.write_text("import time\ntime.sleep(60)\n")
+    orphan = subprocess.Popen([sys.executable, str(sbatch)])  # an sbatch still running: it may yet submit
+    try:
+        assert reconcile(state, slurm, "me") == 0 and intent in state.submissions
+    finally:
+        orphan.kill()
+        orphan.wait()
+    elsewhere = {**intent, "host": "login-2"}
+    state.submissions = [elsewhere]
+    assert reconcile(state, slurm, "me") == 0 and elsewhere in state.submissions  # another host: cannot tell
+    state.submissions = [intent]
+    assert reconcile(state, slurm, "me") == 0 and not state.submissions  # nothing in flight: dropped now
+    assert [t.state for t in state.tasks] == [WAITING, WAITING]  # submitted by the next submit_waiting
 
 
 def test_a_refusal_is_an_error_of_its_kind(tmp_path: Path, fake: FakeSlurm) -> None:
