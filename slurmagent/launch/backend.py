@@ -15,6 +15,7 @@ from submitit.slurm.slurm import SlurmJob
 
 from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
+from slurmagent.job.boot import place_pickle, staged_pickle
 from slurmagent.job.runner import SweepRunner, TaskPayload
 from slurmagent.slurm.sbatch import sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
@@ -101,10 +102,10 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
         super().__init__(folder=folder, max_num_timeout=max_num_timeout)
         self.slurm = slurm
 
-    @property
-    def _submitit_command_str(self) -> str:
-        # job/boot.py holds Slurm's stop signals from the process's first line, then runs submitit
-        return f"{self.python} -u -m slurmagent.job.boot {shlex.quote(str(self.folder))}"
+    def _boot_command(self, staged: str) -> str:
+        # job/boot.py holds Slurm's stop signals from the process's first line, puts the task's
+        # staged pickle in place when the launcher did not, then runs submitit
+        return f"{self.python} -u -m slurmagent.job.boot {shlex.quote(str(self.folder))} --staged {staged}"
 
     def _submit_command(self, command: str) -> submitit.Job[Any]:
         uid = uuid.uuid4().hex
@@ -124,32 +125,35 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
         return job
 
     def _internal_process_submissions(self, delayed: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
-        if len(delayed) == 1:
-            return super()._internal_process_submissions(delayed)  # submits through _submit_command
-        # an array: one sbatch for all, each task's pickle moved to its array task's name after
+        """One sbatch for all (an array when more than one). Each task's pickle is staged under
+        a name its job derives from the command line and its array index, and moved to the
+        job's own name after sbatch answers — or by the job itself (job/boot.py) if the
+        launcher died in between, so a submission found again by `reconcile` still runs."""
         staging = JobPaths.get_first_id_independent_folder(self.folder)
         staging.mkdir(parents=True, exist_ok=True)
-        pickles = []
-        for d in delayed:
+        uid = uuid.uuid4().hex
+        pickles = [staged_pickle(staging, uid, index) for index in range(len(delayed))]
+        for d, path in zip(delayed, pickles, strict=True):
             d.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
-            path = staging / f"{uuid.uuid4().hex}.pkl"
             d.dump(path)
-            pickles.append(path)
-        self.parameters["map_count"] = len(delayed)
+        if len(delayed) > 1:
+            self.parameters["map_count"] = len(delayed)
         try:
-            first = self._submit_command(self._submitit_command_str)
+            first = self._submit_command(self._boot_command(uid))
         except BaseException:
             for path in pickles:  # refused: nothing of it stays behind
                 path.unlink(missing_ok=True)
             raise
         finally:
-            del self.parameters["map_count"]
-        tasks = list(range(first.num_tasks))
-        jobs: list[submitit.Job[Any]] = []
-        for index, path in enumerate(pickles):
-            job: SlurmJob[Any] = SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{index}", tasks=tasks)
-            job.paths.move_temporary_file(path, "submitted_pickle")
-            jobs.append(job)
+            self.parameters.pop("map_count", None)
+        jobs: list[submitit.Job[Any]] = [first]
+        if len(delayed) > 1:
+            tasks = list(range(first.num_tasks))
+            jobs = [
+                SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks) for i in range(len(delayed))
+            ]
+        for job, path in zip(jobs, pickles, strict=True):
+            place_pickle(path, job.paths.submitted_pickle)
         return jobs
 
 

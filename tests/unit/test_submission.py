@@ -166,7 +166,9 @@ def test_a_killed_launchers_submission_is_found_by_its_marker(tmp_path: Path, fa
     assert len({j["array"] or j_id for j_id, j in fake.jobs().items()}) == 2  # two arrays, no duplicate
 
 
-def test_a_dead_submitter_on_this_host_is_reconciled_at_once(tmp_path: Path, fake: FakeSlurm) -> None:
+def test_a_dead_submitter_on_this_host_is_reconciled_at_once(
+    tmp_path: Path, fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The launcher that opened the intent ran here and is gone, and no sbatch runs here: nothing
     can be in flight, so the next poll need not wait RECONCILE_AFTER_S. Alive, or an sbatch
     still running (orphaned by the killed launcher), or another host: it waits."""
@@ -192,9 +194,56 @@ def test_a_dead_submitter_on_this_host_is_reconciled_at_once(tmp_path: Path, fak
     elsewhere = {**intent, "host": "login-2"}
     state.submissions = [elsewhere]
     assert reconcile(state, slurm, "me") == 0 and elsewhere in state.submissions  # another host: cannot tell
+    from slurmagent.supervise import procs, submission
+
+    assert procs.command_running(f"sbatch-{os.getpid()}") is False
+    # no sbatch here (another test running beside this one may run one: its scan is replaced)
+    monkeypatch.setattr(submission, "command_running", lambda name: False)
     state.submissions = [intent]
     assert reconcile(state, slurm, "me") == 0 and not state.submissions  # nothing in flight: dropped now
     assert [t.state for t in state.tasks] == [WAITING, WAITING]  # submitted by the next submit_waiting
+
+
+@pytest.mark.parametrize("tasks", [1, 3])
+def test_jobs_whose_launcher_died_right_after_sbatch_put_their_own_pickles_in_place(
+    tmp_path: Path, fake: FakeSlurm, monkeypatch: pytest.MonkeyPatch, tasks: int
+) -> None:
+    """sbatch answered, then the launcher was killed before it moved the tasks' pickles to the
+    job id's names (what `reconcile` then finds): each job (a lone one, an array's tasks) finds
+    its staged pickle by the submission's name and its array index, puts it in place and runs
+    its own task — before, submitit in the job waited 60 s for the pickle and failed."""
+    import cloudpickle
+
+    from slurmagent.launch import backend
+
+    monkeypatch.setattr(backend, "place_pickle", lambda staged, submitted: None)  # the launcher is gone here
+    executor = backend.SeamSlurmExecutor(tmp_path / "jobs", SlurmCLI(runner=fake), max_num_timeout=1)
+    executor.update_parameters(partition="low", time=5)
+    jobs = executor.map_array(abs, [-2 * i for i in range(tasks)])  # what the job can unpickle
+    assert not any(job.paths.submitted_pickle.exists() for job in jobs)
+    deadline = time.monotonic() + 45  # less than submitit's 60-s wait: a job that waits for it fails this
+    while not all(job.paths.result_pickle.exists() for job in jobs):
+        assert time.monotonic() < deadline, [job.paths.stderr.read_text() for job in jobs if job.paths.stderr.exists()]
+        fake.tick()
+        time.sleep(0.2)
+    assert [cloudpickle.loads(job.paths.result_pickle.read_bytes()) for job in jobs] == [
+        ("success", 2 * i) for i in range(tasks)
+    ]
+    assert not list((tmp_path / "jobs").glob(".staged_*"))  # every staged pickle was claimed
+
+
+def test_a_pickle_the_job_placed_first_is_left_as_it_is(tmp_path: Path) -> None:
+    from slurmagent.job.boot import claim_staged_pickle, place_pickle, staged_pickle
+
+    staged = staged_pickle(tmp_path, "abc", 2)
+    staged.write_bytes(b"payload")
+    env = {"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "2"}
+    placed = claim_staged_pickle(str(tmp_path), "abc", env)
+    assert placed == tmp_path / "10_2_submitted.pkl" and placed.read_bytes() == b"payload" and not staged.exists()
+    place_pickle(staged, placed)  # the launcher, second: nothing to do, no error
+    assert claim_staged_pickle(str(tmp_path), "abc", env) is None  # a requeued run: already in place
+    with pytest.raises(FileNotFoundError):
+        place_pickle(staged_pickle(tmp_path, "abc", 3), tmp_path / "10_3_submitted.pkl")  # lost: said, not hidden
 
 
 def test_a_refusal_is_an_error_of_its_kind(tmp_path: Path, fake: FakeSlurm) -> None:
