@@ -68,8 +68,10 @@ def sweep_state(sweep: Path) -> dict[str, Any]:
 def first_job_id(sweep: Path, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        # the tasks are in sweep.json before they are submitted (WAITING, no attempt yet)
-        if (sweep / "sweep.json").exists() and (attempts := sweep_state(sweep)["tasks"][0]["attempts"]):
+        # the tasks are in sweep.json before they are submitted (WAITING, no attempt yet); a
+        # search's sweep.json has no task until its first trial is asked
+        tasks = sweep_state(sweep)["tasks"] if (sweep / "sweep.json").exists() else []
+        if tasks and (attempts := tasks[0]["attempts"]):
             return str(attempts[-1]["job_id"])
         time.sleep(0.1)
     raise TimeoutError(f"task 0 of {sweep} was not submitted")
