@@ -18,8 +18,9 @@ import hashlib
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import MISSING, Field, astuple, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from slurmagent.safety.paths import state_dir
 from slurmagent.slurm.seam import JobUsage
@@ -113,14 +114,18 @@ def row_from_usage(
 
 
 _COLUMNS = [f.name for f in fields(HistoryRow)]
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS runs ("
-    "fingerprint TEXT NOT NULL, task_key TEXT PRIMARY KEY, experiment TEXT, partition TEXT, gpu_type TEXT, "
-    "gpus INTEGER, elapsed_s REAL, timelimit_s REAL, max_rss_mb REAL, req_mem_mb REAL, total_cpu_s REAL, "
-    "state TEXT, nodes TEXT, runs INTEGER, steps_per_s REAL, ended_at REAL, gpu_mem_peak_mb REAL DEFAULT 0)"
-)
-# columns added since the first schema: a store written by an older slurmagent gains them on open
-_ADDED = {"gpu_mem_peak_mb": "REAL DEFAULT 0"}
+_SQL_TYPES = {"str": "TEXT", "int": "INTEGER", "float": "REAL"}
+_KEYS = {"fingerprint": " NOT NULL", "task_key": " PRIMARY KEY"}
+
+
+def _column(f: Field[Any]) -> str:
+    """A row field's column: its SQL type, the key constraints, a default where the field has one."""
+    default = f" DEFAULT {f.default!r}" if f.default is not MISSING else ""
+    return f"{f.name} {_SQL_TYPES[str(f.type)]}{_KEYS.get(f.name, '')}{default}"
+
+
+# the table is the row: a store written by an older slurmagent gains the row's newer columns on open
+_SCHEMA = f"CREATE TABLE IF NOT EXISTS runs ({', '.join(_column(f) for f in fields(HistoryRow))})"
 
 
 def default_history_path(configured: str = "") -> Path:
@@ -136,10 +141,10 @@ class HistoryStore:
         with self._connect() as db:
             db.execute(_SCHEMA)
             have = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
-            for name, kind in _ADDED.items():
-                if name not in have:
+            for f in fields(HistoryRow):
+                if f.name not in have:
                     try:
-                        db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+                        db.execute(f"ALTER TABLE runs ADD COLUMN {_column(f)}")
                     except sqlite3.OperationalError as exc:  # another process added it first
                         if "duplicate column" not in str(exc):
                             raise
