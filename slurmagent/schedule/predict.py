@@ -83,11 +83,11 @@ def _gpu_mem(rows: Sequence[HistoryRow], conf: SchedulingConf) -> tuple[float | 
     """The GPU memory one device needs: the largest peak the runtime measured in the recent
     runs (what torch's allocator held), inflated like host memory. An OOM'd run's peak is only
     a lower bound, but it is still a bound."""
-    peaks = [r.gpu_mem_peak_mb for r in rows[: max(conf.recent, 5)] if r.gpu_mem_peak_mb > 0]
-    if not peaks:
+    peak_mb = max((r.gpu_mem_peak_mb for r in rows[: max(conf.recent, 5)]), default=0.0)
+    if peak_mb <= 0:
         return None, ""
-    need = max(peaks) * conf.inflation / 1024
-    return need, f"; GPU memory: peak {max(peaks) / 1024:.2f} GiB measured, × {conf.inflation} = {need:.2f} GiB"
+    need = peak_mb * conf.inflation / 1024
+    return need, f"; GPU memory: peak {peak_mb / 1024:.2f} GiB measured, × {conf.inflation} = {need:.2f} GiB"
 
 
 def _mem(rows: Sequence[HistoryRow], conf: SchedulingConf) -> int | None:
