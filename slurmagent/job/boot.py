@@ -59,12 +59,14 @@ def claim_staged_pickle(folder: str, staged: str, env: dict[str, str]) -> Path |
     launcher does right after sbatch). Returns where it went, None when there was nothing to do."""
     from submitit.core.utils import JobPaths
 
-    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    job_id = f"{array_job}_{array_task}" if array_job and array_task else env.get("SLURM_JOB_ID", "")
-    if not job_id:
+    from slurmagent.runtime.env import slurm_job_id
+
+    job_id = slurm_job_id(env)
+    if job_id is None:
         return None
     paths = JobPaths(folder, job_id=job_id, task_id=0)
-    source = staged_pickle(JobPaths.get_first_id_independent_folder(folder), staged, int(array_task or 0))
+    index = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
+    source = staged_pickle(JobPaths.get_first_id_independent_folder(folder), staged, index)
     if paths.submitted_pickle.exists() or not source.exists():
         return None
     try:

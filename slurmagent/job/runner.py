@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from slurmagent.files import atomic_write
-from slurmagent.runtime.env import JobEnv
+from slurmagent.runtime.env import JobEnv, slurm_job_id
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,4 @@ class SweepRunner:
 
 
 def _job_id() -> str:
-    array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array_job and array_task:
-        return f"{array_job}_{array_task}"
-    return os.environ.get("SLURM_JOB_ID") or str(os.getpid())
+    return slurm_job_id(os.environ) or str(os.getpid())

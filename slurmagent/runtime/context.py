@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from slurmagent.config import Backend, CheckpointConf, HealthConf, parse_conf
 from slurmagent.errors import ConfigError
-from slurmagent.runtime.env import JobEnv
+from slurmagent.runtime.env import JobEnv, slurm_job_id
 from slurmagent.runtime.signals import StopSignals
 
 BACKENDS: tuple[Backend, ...] = ("slurm", "local", "none")
@@ -137,10 +137,7 @@ def context_from_env(
     slurm_id = env.get("SLURM_JOB_ID")
     array_job = env.get("SLURM_ARRAY_JOB_ID")
     array_task = env.get("SLURM_ARRAY_TASK_ID")
-    if array_job and array_task:
-        job_id: str | None = f"{array_job}_{array_task}"
-    else:
-        job_id = slurm_id or env.get(JobEnv.JOB_ID)
+    job_id = slurm_job_id(env) or env.get(JobEnv.JOB_ID)
     named = env.get(JobEnv.BACKEND)
     backend: Backend = next((b for b in BACKENDS if b == named), "slurm" if slurm_id else "none")
     try:

@@ -5,9 +5,10 @@ for people (`slurmagent status`, `logs`, `results`, `report`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
-__all__ = ["JobEnv", "TaskFile"]
+__all__ = ["JobEnv", "TaskFile", "slurm_job_id"]
 
 
 class JobEnv(StrEnum):
@@ -31,3 +32,12 @@ class TaskFile(StrEnum):
     HEALTH_STOP = "health_stop.json"  # the CRITICAL check that moved the job off its node
     ADAPT = "adapt.jsonl"  # every in-loop intervention asked (runtime/adapt.py): step, kind, reason, decision
     COMMAND_STDERR = "command.stderr"  # a task.command's stderr
+
+
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    """The Slurm job this process runs in, as submitit and `squeue` name it: ARRAYJOBID_TASKID
+    for an array task, else SLURM_JOB_ID; None outside Slurm."""
+    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and array_task:
+        return f"{array_job}_{array_task}"
+    return env.get("SLURM_JOB_ID") or None
