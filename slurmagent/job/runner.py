@@ -112,6 +112,10 @@ class SweepRunner:
         with open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.id = job_id
             sweep_config.hydra.job.num = payload.index
+        with open_dict(sweep_config.hydra.sweep):
+            # the launcher's sweep dir, absolute: Hydra's default (`multirun/${now:…}`) would be
+            # resolved again by a requeued run, days later and in whatever directory it starts in
+            sweep_config.hydra.sweep.dir = self.sweep_dir
         if payload.resources:
             with open_dict(sweep_config):
                 for key, value in payload.resources.items():
@@ -135,8 +139,12 @@ class SweepRunner:
     @staticmethod
     def _resume(path: Path) -> tuple[Any, Any, Any]:
         from hydra import version
+        from hydra.core.utils import setup_globals
         from hydra.types import HydraContext
 
+        # Hydra's resolvers (`now`, `hydra`, `python_version`), as Hydra's own start registers
+        # them: a user's `${now:…}` keeps the value the first run cached in the saved config
+        setup_globals()
         with open(path, "rb") as fh:
             state = cloudpickle.load(fh)
         if state["version_base"] is not None:

@@ -32,7 +32,7 @@ from slurmagent.job.boot import release_stop_signals
 from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.distributed import rendezvous_env
-from slurmagent.runtime.env import JobEnv, TaskFile
+from slurmagent.runtime.env import JobEnv, TaskFile, check_checkpoint_dir, task_checkpoint_dir
 from slurmagent.runtime.loop import StopForRequeue
 from slurmagent.runtime.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
 from slurmagent.slurm.seam import SlurmCLI
@@ -51,7 +51,10 @@ def _output_dir() -> Path:
 
 def build_context(spec: JobSpec) -> JobContext:
     out = _output_dir()
-    ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else out / "checkpoints"
+    index = os.environ.get(JobEnv.TASK_INDEX, "0")
+    ckpt = task_checkpoint_dir(
+        spec.checkpoint.dir, out, os.environ.get(JobEnv.SWEEP_DIR), int(index) if index.isdigit() else 0
+    )
     ctx = context_from_env(output_dir=out, checkpoint_dir=ckpt)
     return replace(ctx, resources=asdict(spec.resources), checkpoint=spec.checkpoint, health=spec.health)
 
@@ -107,6 +110,7 @@ def check_single_run(cfg: DictConfig) -> None:
         )
     from slurmagent.skills.config_validator import validate_run
 
+    check_checkpoint_dir(OmegaConf.select(cfg, "checkpoint.dir", default=None))
     for line in validate_run(cfg, list(hydra.overrides.task)):
         log.warning("config_validator: %s", line)
 

@@ -51,9 +51,10 @@ from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
 from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.records import Action
+from slurmagent.runtime.env import check_checkpoint_dir
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
-from slurmagent.safety.paths import SWEEP_AUDIT
+from slurmagent.safety.paths import SWEEP_AUDIT, current_user
 from slurmagent.safety.policy import Policy, resolve_policy
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name
@@ -61,7 +62,7 @@ from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.control import cancel_sweep
 from slurmagent.supervise.detach import follow_commands, start_detached, supervisor_resources
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
-from slurmagent.supervise.submission import WAITING, current_user, submit_waiting
+from slurmagent.supervise.submission import WAITING, submit_waiting
 from slurmagent.supervise.supervisor import Supervisor
 from slurmagent.supervise.views import sweep_table, terminal
 
@@ -169,6 +170,11 @@ class ArrayLauncher:
             console.print(f"[slurmagent] warning: {warning}", markup=False, highlight=False)
         for target in sorted({s.task.target for s in specs if s.task.target}):
             check_importable(target)
+        for ckpt in sorted({s.checkpoint.dir for s in specs if s.checkpoint.dir}):
+            try:
+                check_checkpoint_dir(ckpt)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc}; nothing was submitted") from None
         try:  # the policy every automated action of this sweep will be decided by: broken → refuse now
             policy = resolve_policy(sweep_dir)
         except ConfigError as exc:

@@ -5,10 +5,14 @@ for people (`slurmagent status`, `logs`, `results`, `report`)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import Path
 
-__all__ = ["JobEnv", "TaskFile", "slurm_job_id"]
+from slurmagent.errors import ConfigError
+
+__all__ = ["JobEnv", "TaskFile", "check_checkpoint_dir", "slurm_job_id", "task_checkpoint_dir"]
 
 
 class JobEnv(StrEnum):
@@ -41,3 +45,46 @@ def slurm_job_id(env: Mapping[str, str]) -> str | None:
     if array_job and array_task:
         return f"{array_job}_{array_task}"
     return env.get("SLURM_JOB_ID") or None
+
+
+def task_checkpoint_dir(
+    configured: str | None, output_dir: Path, sweep_dir: str | Path | None, task_index: int
+) -> Path:
+    """Where a task's checkpoints go: `<output dir>/checkpoints` by default; with `checkpoint.dir`
+    set, that directory for a single run, and for a task of a sweep a directory of its own under
+    it, `<checkpoint.dir>/<sweep>/<task index>` — tasks (and sweeps) sharing one directory would
+    resume from each other's checkpoints and report each other's results."""
+    if not configured:
+        return output_dir / "checkpoints"
+    base = Path(configured)
+    if sweep_dir is None:
+        return base
+    return base / sweep_key(Path(sweep_dir)) / str(task_index)
+
+
+def sweep_key(sweep_dir: Path) -> str:
+    """A sweep's folder name under a shared `checkpoint.dir`: readable (Hydra's default sweep dir
+    `multirun/DATE/TIME` gives `DATE_TIME`) and unique (a hash of the sweep's absolute path)."""
+    path = sweep_dir.absolute()
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    name = f"{path.parent.name}_{path.name}" if path.parent.name else path.name
+    return f"{name}-{digest}"
+
+
+def check_checkpoint_dir(configured: str | None) -> None:
+    """A `checkpoint.dir` the job can use without creating anything the user did not name: it
+    is a directory, or its parent is one (the job creates only the named directory and what goes
+    under it). ConfigError naming the key and the missing part otherwise."""
+    if not configured:
+        return
+    path = Path(configured).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"checkpoint.dir={configured}: exists and is not a directory; name a directory")
+        return
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise ConfigError(
+            f"checkpoint.dir={configured}: its parent {parent} does not exist; create it first or name a directory "
+            "under an existing one (slurmagent creates only the directory you name)"
+        )

@@ -7,7 +7,6 @@ Per sweep: `audit.jsonl`, `PAUSED`, `approvals/` and `history.jsonl` in the swee
 
 from __future__ import annotations
 
-import getpass
 import os
 import pwd
 from pathlib import Path
@@ -37,8 +36,11 @@ def approvals_dir(sweep_dir: Path) -> Path:
 
 
 def current_user() -> str:
-    """The calling user as the system knows it (its uid), not as $USER claims."""
+    """Who asks, as the system knows it: the name of the process's real uid, never what $USER
+    or $LOGNAME claim (anyone can set those). The one identity every decision that depends on
+    the user takes (policy rules, approvals, audit records, submit limits, budgets)."""
+    uid = os.getuid()
     try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:  # a uid without a passwd entry (some containers)
-        return getpass.getuser()
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid without a passwd entry (some containers): the number, as Slurm shows it
+        return str(uid)

@@ -39,7 +39,7 @@ from slurmagent.files import atomic_write
 from slurmagent.hpo.core import Ask, Optimizer, TrialInfo
 from slurmagent.hpo.space import Space
 from slurmagent.hpo.storage import describe, open_storage
-from slurmagent.runtime.env import TaskFile
+from slurmagent.runtime.env import TaskFile, task_checkpoint_dir
 from slurmagent.slurm.syntax import slurm_time_to_seconds
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.submission import WAITING
@@ -270,12 +270,18 @@ class StudyDriver:
                 "value": best.curve[best.reached],
                 "objective": self.conf.objective,
                 "full_training": best.reached >= fid.max,
-                "checkpoint_dir": str(self.dir / str(best.trial)),
+                "checkpoint_dir": str(self._checkpoint_dir(state, best.trial)),
                 "overrides": plain,  # the trial's, without the search's own settings (hpo.*)
                 "reproduce": " ".join(reproduce),
                 "finished": self.finished,
             }
             atomic_write(self.dir / BEST, json.dumps(entry, indent=1).encode())
+
+    def _checkpoint_dir(self, state: SweepState, trial: int) -> Path:
+        """Where the trial's checkpoints are (runtime/env.py decides, as in the job)."""
+        task = next((t for t in state.tasks if t.index == trial), None)
+        configured = (state.spec_of(task).get("checkpoint") or {}).get("dir") if task is not None else None
+        return task_checkpoint_dir(configured, self.dir / str(trial), self.dir, trial)
 
 
 def _scale(dist: Any) -> str:

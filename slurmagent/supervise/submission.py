@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import socket
 import time
 import uuid
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 
 from slurmagent.config import JobSpec, job_spec, site_conf
 from slurmagent.errors import SubmissionRefused
+from slurmagent.safety.paths import current_user
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.procs import command_running, pid_alive
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
@@ -66,10 +66,6 @@ class SubmitReport:
     refused: str = ""  # Slurm's message for a permanent refusal (those tasks are REFUSED)
     refused_tasks: int = 0
     held_back: str = ""  # why tasks wait (a submit limit), for people
-
-
-def current_user() -> str:
-    return os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
 
 
 def open_intent(state: SweepState, tasks: list[TaskRecord], attempt: int) -> dict[str, Any]:

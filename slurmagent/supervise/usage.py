@@ -20,13 +20,13 @@ from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
 from slurmagent.records import Action
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
-from slurmagent.safety.paths import SWEEP_AUDIT
+from slurmagent.safety.paths import SWEEP_AUDIT, current_user
 from slurmagent.schedule.budget import Usage, reached, usage_of
 from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint, row_from_usage
 from slurmagent.slurm.seam import JobUsage, SlurmCLI
 from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.state import SweepState, TaskRecord
-from slurmagent.supervise.submission import WAITING, current_user
+from slurmagent.supervise.submission import WAITING
 from slurmagent.supervise.views import progress
 
 log = logging.getLogger(__name__)
