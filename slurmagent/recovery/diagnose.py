@@ -8,8 +8,10 @@ is tested on logs recorded from real failing jobs.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from slurmagent.records import Evidence
@@ -119,6 +121,15 @@ RULES: tuple[Rule, ...] = (
         True,
         "The node the job ran on failed.",
         "resubmit excluding that node",
+    ),
+    _r(
+        "killed",
+        r"srun: error: \S+: task \d+: (Killed)$|was killed by (SIGKILL)\b",
+        True,
+        "The training process was killed by SIGKILL (signal 9) with no Python traceback: something outside it ended "
+        "it (a kernel or cgroup OOM killer, a node agent, an operator's kill -9), not an error in its code.",
+        "resumed from its newest checkpoint (bounded by recovery.max_attempts); if it repeats, look at the node's "
+        "kernel log (dmesg) and the job's memory use (sacct -j JOB -o MaxRSS)",
     ),
     _r(
         "ecc_error",
@@ -270,6 +281,26 @@ def diagnose(state: str | None, logs: Mapping[str, str], max_evidence: int = 3) 
             return Diagnosis(rule.cause, _format(rule.summary, first), rule.retryable, rule.suggestion, evidence)
     if state in (None, "COMPLETED"):
         return Diagnosis("unknown", "No failure found in the logs.", False, "nothing to do", [])
+    raised = python_error(logs)
+    if raised is not None:
+        where = f" at {raised.where}" if raised.where else ""
+        return Diagnosis(
+            "crash",
+            f"The task raised {raised.evidence.text}{where}.",
+            False,
+            "fix the error shown and resubmit; it is not retried automatically",
+            [raised.evidence],
+        )
+    died = _signal_death(logs)
+    if died is not None:
+        name, line = died
+        return Diagnosis(
+            "crash",
+            f"The task's process died of {name} ({line.text}) without a Python traceback.",
+            False,
+            "a native crash (a C/CUDA extension, a data loader worker): rerun with PYTHONFAULTHANDLER=1 to see where",
+            [line],
+        )
     last = _last_error_line(logs)
     return Diagnosis(
         "crash",
@@ -280,13 +311,114 @@ def diagnose(state: str | None, logs: Mapping[str, str], max_evidence: int = 3) 
     )
 
 
+# -- a Python exception, named as the user wrote it ---------------------------------------------
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+_CARETS = re.compile(r"^\s*[\^~]+\s*$")  # Python 3.11's markers under a frame's code
+_PACKAGE = str(Path(__file__).resolve().parents[1])  # slurmagent's own code: not where a user's error is
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3")
+
+
+@dataclass(frozen=True)
+class RaisedError:
+    evidence: Evidence  # the exception line ("RuntimeError: boom at step 5") and where it was read
+    where: str | None  # the innermost frame of the user's code ("mytrain.py:11 in train"), when one is shown
+
+
+def _user_frame(path: str) -> bool:
+    resolved = str(Path(path))
+    if any(part in resolved for part in _LIBRARY):
+        return False
+    return not resolved.startswith(_PACKAGE) or "/examples/" in resolved
+
+
+def python_error(logs: Mapping[str, str]) -> RaisedError | None:
+    """The exception of the last Python traceback in the logs (the line Python prints after its
+    frames), and the innermost frame of the user's code in it; None when no log has a traceback."""
+    found: RaisedError | None = None
+    for source, text in logs.items():
+        lines = text.splitlines()
+        i = 0
+        while i < len(lines):
+            if lines[i].strip() != TRACEBACK_HEAD:
+                i += 1
+                continue
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            frames: list[tuple[str, str, str]] = []
+            i += 1
+            while i < len(lines) and (len(lines[i]) - len(lines[i].lstrip()) > indent or not lines[i].strip()):
+                m = _FRAME.match(lines[i])
+                if m:
+                    frames.append((m.group(1), m.group(2), m.group(3)))
+                i += 1
+            if i < len(lines):
+                user = [f for f in frames if _user_frame(f[0])] or frames
+                where = f"{Path(user[-1][0]).name}:{user[-1][1]} in {user[-1][2]}" if user else None
+                found = RaisedError(Evidence(source, i + 1, lines[i].strip()[:300]), where)
+    return found
+
+
+def clean_traceback(text: str) -> list[str]:
+    """A traceback's lines without Python 3.11's `^^^^` markers."""
+    return [line for line in text.splitlines() if not _CARETS.match(line)]
+
+
+def outside_tracebacks(text: str) -> list[str]:
+    """The lines of a log that are not part of a Python traceback (its head, frames and exception)."""
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == TRACEBACK_HEAD:
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            i += 1
+            while i < len(lines) and (len(lines[i]) - len(lines[i].lstrip()) > indent or not lines[i].strip()):
+                i += 1
+            i += 1  # the exception line
+            continue
+        out.append(lines[i])
+        i += 1
+    return out
+
+
+# srun's words for a task that died of a signal (strsignal), and the signal
+_SIGNAL_WORDS = {
+    "Segmentation fault": signal.SIGSEGV,
+    "Aborted": signal.SIGABRT,
+    "Bus error": signal.SIGBUS,
+    "Floating point exception": signal.SIGFPE,
+    "Illegal instruction": signal.SIGILL,
+    "Terminated": signal.SIGTERM,
+}
+_SIGNAL_LINE = re.compile(r"srun: error: \S+: task \d+: (" + "|".join(map(re.escape, _SIGNAL_WORDS)) + r")")
+
+
+def _signal_death(logs: Mapping[str, str]) -> tuple[str, Evidence] | None:
+    for source, text in logs.items():
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            m = _SIGNAL_LINE.search(line)
+            if m:
+                sig = _SIGNAL_WORDS[m.group(1)]
+                return f"{sig.name} (signal {int(sig)})", Evidence(source, lineno, line.strip()[:300])
+    return None
+
+
 _ERROR_LINE = re.compile(r"\b[\w.]*(Error|Exception): |\berror: |\bFATAL\b|\bfatal: ")
 
 
+_SLURM_LINE = re.compile(r"^(srun|slurmstepd(-\S+)?|sbatch|salloc): ")
+
+
 def _last_error_line(logs: Mapping[str, str]) -> Evidence | None:
+    """The last error line of the task's own output; Slurm's lines about it (srun: error: …
+    Exited with exit code 1) only when the task said nothing."""
     found: Evidence | None = None
+    slurm: Evidence | None = None
     for source, text in logs.items():
         for lineno, line in enumerate(text.splitlines(), start=1):
             if _ERROR_LINE.search(line) and not line.strip().startswith("Traceback"):
-                found = Evidence(source, lineno, line.strip()[:300])
-    return found
+                if _SLURM_LINE.match(line.strip()):
+                    slurm = Evidence(source, lineno, line.strip()[:300])
+                else:
+                    found = Evidence(source, lineno, line.strip()[:300])
+    return found or slurm

@@ -19,6 +19,7 @@ from rich.table import Table
 from submitit.core.utils import JobPaths
 
 from slurmagent.errors import SlurmAgentError
+from slurmagent.recovery.diagnose import TRACEBACK_HEAD, clean_traceback, outside_tracebacks, python_error
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
 from slurmagent.supervise.lead import Lead
 from slurmagent.supervise.procs import pid_alive
@@ -62,6 +63,23 @@ def stderr_tail(state: SweepState, job_id: str, lines: int = STDERR_TAIL) -> str
         if text.strip():
             return "\n".join(text.splitlines()[-lines:])
     return ""
+
+
+def failure_text(word: str, error: str, stderr: str) -> str:
+    """A failed task's error: the exception first (`FAILED: RuntimeError: boom`), then its
+    traceback once, without Python's `^^^^` markers, then what the job's stderr adds to it."""
+    raised = python_error({"result": error})
+    lines = clean_traceback(error)
+    if len(lines) > STDERR_TAIL:  # the head, then the innermost frames (the user's are last)
+        head_line = [lines[0]] if lines[0].strip() == TRACEBACK_HEAD else []
+        lines = [*head_line, "  …", *lines[-(STDERR_TAIL - 2) :]]
+    head = raised.evidence.text if raised is not None else (lines[-1].strip() if lines else "")
+    text = f"{word}: {head}" + ("\n" + "\n".join(lines) if lines and lines != [head] else "")
+    seen = {line.strip() for line in clean_traceback(error)}
+    extra = [line for line in outside_tracebacks(stderr) if line.strip() and line.strip() not in seen]
+    if extra:
+        text += "\nlast stderr lines:\n" + "\n".join(extra[-STDERR_TAIL:])
+    return text
 
 
 def unwrap_return(value: Any) -> tuple[bool, Any, str]:
@@ -207,11 +225,7 @@ class Supervisor:
             word = status.state if specific and status is not None else "FAILED"
             task.state = attempt.state = word
             self.results[task.index] = None
-            tail = stderr_tail(state, job_id)
-            lines = err.splitlines()[-STDERR_TAIL:]
-            task.error = f"{word}: " + "\n".join(lines)
-            if tail and tail.splitlines()[-1] not in lines:
-                task.error += f"\nlast stderr lines:\n{tail}"
+            task.error = failure_text(word, err, stderr_tail(state, job_id))
         elif status is not None and (status.state in TERMINAL_STATES or status.state == "EXITED"):
             seen = self._no_result_seen.get(job_id, 0) + 1
             self._no_result_seen[job_id] = seen
@@ -221,7 +235,7 @@ class Supervisor:
                 task.state = word
                 why = f" ({status.reason})" if status.reason not in ("None", "") else ""
                 exit_info = f", exit {status.exit_code}" if status.exit_code else ""
-                tail = stderr_tail(state, job_id)
+                tail = "\n".join(clean_traceback(stderr_tail(state, job_id)))
                 task.error = f"{word}{why}{exit_info}, no result" + (f"; last stderr lines:\n{tail}" if tail else "")
         elif status is not None:
             task.state = status.state
