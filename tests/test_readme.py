@@ -138,7 +138,7 @@ def test_the_search_command_runs_locally_on_a_small_budget(tmp_path: Path) -> No
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "run it again: python -m slurmagent +experiment=digits_mlp" in proc.stdout + proc.stderr
+    assert "-m slurmagent +experiment=digits_mlp" in (proc.stdout + proc.stderr).split("run it again: ")[1]
     trials = json.loads((sweep / "hpo" / "trials.json").read_text())
     assert trials["finished"] and trials["spent_epochs"] <= 10 and trials["rungs"] == [1, 3]
     best = json.loads((sweep / "hpo" / "best.json").read_text())

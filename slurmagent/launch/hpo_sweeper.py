@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from slurmagent.commands import rerun_prefix, slurmagent_command
 from slurmagent.config import SPEC_GROUPS, HpoConf, config_error, hpo_conf, spec_key
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.hpo.space import Space
@@ -138,9 +138,8 @@ class HpoSweeper(Sweeper):
             )
 
     def _command(self) -> list[str]:
-        if self.task_function is run_task:
-            return ["python", "-m", "slurmagent"]
-        return ["python", sys.argv[0]]
+        """How the search was started, as a person can run it again: the entry, the config flags."""
+        return rerun_prefix(own_app=self.task_function is run_task)
 
     # -- the sweep --------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> Any:
@@ -160,7 +159,9 @@ class HpoSweeper(Sweeper):
         sweep_dir = checked.sweep_dir
         store = SweepStore(sweep_dir)
         if store.exists():
-            raise ConfigError(f"{sweep_dir} already holds a sweep; continue it with: slurmagent watch {sweep_dir}")
+            raise ConfigError(
+                f"{sweep_dir} already holds a sweep; continue it with: {slurmagent_command('watch', sweep_dir)}"
+            )
         settings = StudySettings(dataclasses.asdict(conf), list(arguments), "", time.time(), self._command())
         driver = StudyDriver(sweep_dir, settings)  # opens the study's storage: a bad one stops here
         if driver.opt.trials:
@@ -195,8 +196,9 @@ class HpoSweeper(Sweeper):
         if not best_path.exists():
             console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
             raise TaskFailedError(
-                f"no trial of the search produced a finite {trials.get('objective', 'objective')}; see slurmagent "
-                f"results {sweep_dir} and the trials' logs (slurmagent logs {sweep_dir} N)"
+                f"no trial of the search produced a finite {trials.get('objective', 'objective')}; see "
+                f"{slurmagent_command('results', sweep_dir)} and the trials' logs "
+                f"({slurmagent_command('logs', sweep_dir)} N)"
             )
         best = json.loads(best_path.read_text())
         lines.append(
@@ -204,7 +206,10 @@ class HpoSweeper(Sweeper):
             f"{' '.join(best['overrides'])}"
         )
         lines.append(f"run it again: {best['reproduce']}")
-        lines.append(f"all trials: slurmagent results {sweep_dir} --csv; report: slurmagent report {sweep_dir}")
+        lines.append(
+            f"all trials: {slurmagent_command('results', sweep_dir, '--csv')}; "
+            f"report: {slurmagent_command('report', sweep_dir)}"
+        )
         console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
         return dict(best)
 

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 
+from slurmagent.commands import slurmagent_command
 from slurmagent.config import (
     AUTO,
     JobSpec,
@@ -49,6 +50,7 @@ from slurmagent.errors import ConfigError, SweepRefusedError, TaskFailedError
 from slurmagent.job.runner import write_context
 from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
+from slurmagent.launch.index import record_sweep
 from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.records import Action
 from slurmagent.runtime.env import check_checkpoint_dir
@@ -358,6 +360,7 @@ class ArrayLauncher:
             new.schedule = checked.schedule
             add(new)
             store.create(new)
+            record_sweep(sweep_dir)  # the user's index: `slurmagent sweeps` finds it from anywhere
             if checked.urgent:  # the policy allowed it at the check; recorded through the gate now
                 Gate(AuditLog(sweep_dir / SWEEP_AUDIT), {"priority_urgent": lambda _a: {"granted": True}}).request(
                     self._urgent_action(sweep_dir)
@@ -396,7 +399,7 @@ class ArrayLauncher:
         if report.refused:
             lines.append(f"Slurm refused {report.refused_tasks} task(s): {report.refused}")
         if not conf.detach:
-            lines.append(f"if this launcher dies: slurmagent watch {sweep_dir}")
+            lines.append(f"if this launcher dies: {slurmagent_command('watch', sweep_dir)}")
         console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
         if report.refused and conf.on_refusal == "cancel":
             cancel_sweep(

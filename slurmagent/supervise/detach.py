@@ -35,6 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from slurmagent.commands import slurmagent_command
 from slurmagent.config import LauncherConf, ResourcesConf, parse_conf
 from slurmagent.errors import ConfigError, SlurmAgentError
 from slurmagent.files import atomic_write
@@ -58,11 +59,12 @@ TIME_LIMIT_WARNING_S = 60  # the supervisor job's --signal=B:USR1@60: time to re
 
 
 def follow_commands(sweep_dir: Path) -> list[str]:
+    """What to paste to follow a sweep (TASK: a task's number, the # column of status)."""
     return [
-        f"slurmagent status {sweep_dir}",
-        f"slurmagent watch  {sweep_dir}",
-        f"slurmagent logs   {sweep_dir} TASK",
-        f"slurmagent cancel {sweep_dir}",
+        slurmagent_command("status", sweep_dir),
+        slurmagent_command("watch", sweep_dir),
+        slurmagent_command("logs", sweep_dir) + " TASK",
+        slurmagent_command("cancel", sweep_dir),
     ]
 
 
@@ -266,4 +268,4 @@ def _requeue_self(sweep_dir: Path, job_id: str, restarts: int, slurm: SlurmCLI) 
     what = "requeued" if out.executed else f"not requeued ({out.decision.verdict}: {out.decision.rule})"
     print(f"[supervisor] time limit near: {what}", flush=True)
     if not out.executed:
-        print(f"[supervisor] the sweep goes on unsupervised: slurmagent watch {sweep_dir}", flush=True)
+        print(f"[supervisor] the sweep goes on unsupervised: {slurmagent_command('watch', sweep_dir)}", flush=True)

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import logging
 import math
+import shlex
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -272,7 +273,7 @@ class StudyDriver:
                 "full_training": best.reached >= fid.max,
                 "checkpoint_dir": str(self._checkpoint_dir(state, best.trial)),
                 "overrides": plain,  # the trial's, without the search's own settings (hpo.*)
-                "reproduce": " ".join(reproduce),
+                "reproduce": shlex.join(reproduce),
                 "finished": self.finished,
             }
             atomic_write(self.dir / BEST, json.dumps(entry, indent=1).encode())

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from slurmagent.commands import slurmagent_command
 from slurmagent.runtime.env import TaskFile
 from slurmagent.supervise.state import SweepState, TaskRecord
 
@@ -212,7 +213,7 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
         # Text cells: overrides and errors are user data, never rich markup
         cells = (str(t.index), t.job_id or "-", t.state, runs_text(t), " ".join(varying(t.overrides)), detail)
         table.add_row(*(Text(c) for c in cells))
-    captions = [f"logs: slurmagent logs {state.sweep_dir} TASK"]
+    captions = [f"logs: {slurmagent_command('logs', state.sweep_dir)} TASK"]
     study = study_line(state.sweep_dir)
     if study:
         captions.insert(0, study)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from slurmagent.commands import slurmagent_command
 from slurmagent.slurm.fake import FakeSlurm
 from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state, wait_steps
 
@@ -66,7 +67,7 @@ def test_logs_list_every_task_and_print_every_attempt(finished: tuple[FakeSlurm,
     # the requeued run appended to its job's files: both runs' starts are in them
     assert one.stdout.count("Starting with JobEnvironment") == 2 and "task.log" in one.stdout
     status = slurmagent(fake, work, "status", str(sweep)).stdout
-    assert f"slurmagent logs {sweep} TASK" in status  # status says where the logs are
+    assert f"{slurmagent_command('logs', sweep)} TASK" in status  # status says where the logs are
 
 
 def test_results_sorted_and_as_csv(finished: tuple[FakeSlurm, Path, Path]) -> None:

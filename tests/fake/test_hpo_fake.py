@@ -56,7 +56,7 @@ def test_a_search_promotes_by_resuming_and_lists_one_row_per_trial(fake: FakeSlu
         assert len(attempts) == 1 + t["promotions"] and tasks[t["trial"]]["result"]["resumed_from"] is not None
     best = json.loads((sweep / "hpo" / "best.json").read_text())
     assert best["epochs"] == 9 and "synthetic.epochs=9" in best["reproduce"]
-    assert "run it again: python -m slurmagent +experiment=synthetic" in out.stderr + out.stdout
+    assert "slurmagent +experiment=synthetic" in (out.stderr + out.stdout).split("run it again: ")[1]
     # one row per trial: parameters, epochs reached, objective, state
     table = slurmagent(fake, tmp_path, "results", str(sweep), "--csv")
     rows = list(csv.DictReader(io.StringIO(table.stdout)))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slurmagent.cli import SUBCOMMANDS, main
+from slurmagent.commands import slurmagent_command
 from slurmagent.config import CheckpointConf, job_spec
 from slurmagent.runtime import StepLoop, context_from_env
 from slurmagent.safety.audit import AuditLog
@@ -223,7 +224,7 @@ def test_the_reattach_hint_is_one_line_in_a_log_file(tmp_path: Path) -> None:
     sweep = tmp_path / ("a-long-sweep-directory-name-" * 3) / "sweep"
     proc = cli(["-m", "synthetic.steps=2", f"hydra.sweep.dir={sweep}", "hydra.launcher.poll_interval_s=0.2"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert f"if this launcher dies: slurmagent watch {sweep}\n" in proc.stderr  # stderr is a pipe here
+    assert f"if this launcher dies: {slurmagent_command('watch', sweep)}\n" in proc.stderr  # stderr is a pipe here
 
 
 def test_a_broken_policy_refuses_the_sweep_before_anything_is_submitted(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ SOURCES = {
 # matching prefix of a module's name gives its layer (more specific prefixes first).
 LAYERS: list[tuple[str, ...]] = [
     ("slurmagent.errors",),
-    ("slurmagent.records", "slurmagent.files", "slurmagent.slurm.syntax"),
+    ("slurmagent.records", "slurmagent.files", "slurmagent.slurm.syntax", "slurmagent.commands"),
     ("slurmagent.config", "slurmagent.conf"),
     ("slurmagent.slurm",),
     # runtime primitives that skills and the job layer share: checkpoint files, the job's
