@@ -5,6 +5,7 @@ the results as rows. `slurmagent status`, `watch`, `logs` and `results` print th
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -96,6 +97,16 @@ def progress_text(p: dict[str, Any], now: float | None = None) -> str:
         age = max(0.0, (now or time.time()) - float(p.get("time", 0)))
         eta = f"ETA {_duration(max(0.0, (total - step) / rate - age))}"
     return " ".join(x for x in (head, metrics, eta) if x)
+
+
+def not_reported_yet(task: TaskRecord) -> str:
+    """What a live task is doing before its first step is reported (was: a blank cell)."""
+    attempt = task.attempts[-1]
+    if task.state == "RUNNING":
+        where = f" on {attempt.nodes}" if attempt.nodes else ""
+        return f"started{where}; no step reported yet (loading, or the task reports none)"
+    reason = attempt.reason if attempt.reason and attempt.reason != "None" else ""
+    return f"queued by Slurm{f' ({reason})' if reason else ''}"
 
 
 def health_note(state: SweepState, task: TaskRecord) -> str:
@@ -204,6 +215,8 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
             detail = _short(t.result)
         elif t.state == "RUNNING" and (p := progress(state, t)) is not None:
             detail = progress_text(p)
+        elif t.state in ("RUNNING", "PENDING", "REQUEUED", "COMPLETING") and t.attempts:
+            detail = not_reported_yet(t)
         elif t.state == "WAITING" and not t.error:
             detail = f"not submitted yet: {state.held_back}" if state.held_back else "not submitted yet"
         else:
@@ -239,10 +252,14 @@ def log_files(state: SweepState, task: TaskRecord) -> list[tuple[str, Path]]:
     from submitit.core.utils import JobPaths
 
     out: list[tuple[str, Path]] = []
-    for n, attempt in enumerate(task.attempts, start=1):
+    first = 1  # runs are numbered as the job's ctx.attempt numbers them: every Slurm run of the task
+    for attempt in task.attempts:
+        last = first + attempt.restarts
+        which = f"run {first}" if last == first else f"runs {first}–{last}"
         paths = JobPaths(state.submitit_folder, job_id=attempt.job_id, task_id=0)
         for kind, path in (("stdout", paths.stdout), ("stderr", paths.stderr)):
-            out.append((f"attempt {n}, job {attempt.job_id}, {kind}", Path(path)))
+            out.append((f"{which}, job {attempt.job_id}, {kind}", Path(path)))
+        first = last + 1
     folder = task_dir(state, task)
     for path in [*sorted(folder.glob("*.log")), folder / TaskFile.COMMAND_STDERR]:
         out.append((f"task {task.index}, {path.name}", path))
@@ -309,12 +326,58 @@ def trial_rows(state: SweepState, trials: dict[str, Any]) -> list[dict[str, Any]
     return rows
 
 
+# the direction in which a reported metric is better, read from its name: a `NAME.best` column
+# for these (last words win: `val_error` is an error, `accuracy_loss` a loss)
+_HIGHER = ("acc", "accuracy", "auc", "f1", "precision", "recall", "score", "reward", "iou", "map", "bleu", "rouge",
+           "top1", "top5")  # fmt: skip
+_LOWER = ("loss", "error", "err", "perplexity", "ppl", "mse", "mae", "rmse", "nll", "wer", "cer")
+
+
+def better(name: str) -> str | None:
+    """ "max" or "min" for a metric whose name says which way is better; None when it does not."""
+    for word in reversed(re.split(r"[^a-z0-9]+", name.lower())):
+        if word in _LOWER:
+            return "min"
+        if word in _HIGHER:
+            return "max"
+    return None
+
+
+def reported(state: SweepState, task: TaskRecord) -> dict[str, float]:
+    """What the task reported with `loop.report(...)` (its metrics.jsonl): each metric's last
+    value as NAME, and its best as NAME.best where the name says which way is better."""
+    last: dict[str, float] = {}
+    best: dict[str, float] = {}
+    path = task_dir(state, task) / TaskFile.METRICS
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a crash
+            if not isinstance(row, dict):
+                continue
+            for key, value in row.items():
+                if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                last[key] = value
+                way = better(key)
+                if way is not None and value == value:  # NaN is never best
+                    old = best.get(key)
+                    if old is None or (value > old if way == "max" else value < old):
+                        best[key] = value
+    return {**last, **{f"{k}.best": v for k, v in best.items()}}
+
+
 def task_rows(state: SweepState) -> list[dict[str, Any]]:
     params = varying_overrides(state)
     rows = []
     for t in state.tasks:
         row: dict[str, Any] = {"task": t.index, "state": t.state, "runs": runs(t), "job": t.job_id or ""}
         row.update(params.get(t.index, {}))
+        row.update(reported(state, t))  # what the training reported; its return value wins where both name a key
         if isinstance(t.result, dict):
             row.update({k: v for k, v in t.result.items() if isinstance(v, (int, float, str, bool)) or v is None})
         elif t.result is not None:

@@ -91,7 +91,8 @@ def test_the_report_renders_in_a_real_browser(finished: tuple[FakeSlurm, Path, P
     assert made.returncode == 0, made.stderr
     page = sweep / "report" / "index.html"
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
-    assert "loss.png" in pngs and set(pngs) <= {"loss.png", "val_acc.png", "val_error.png"}  # the epoch is an axis
+    # the epoch is an axis, not a metric; the main metric (val_error) against optim.lr: metric_vs_params.png
+    assert "loss.png" in pngs and set(pngs) <= {"loss.png", "val_acc.png", "val_error.png", "metric_vs_params.png"}
     dom = browser_dom(page, work)
     # the page's own script counts the images the browser decoded: every plot rendered
     n = len(pngs)

@@ -39,3 +39,29 @@ def test_a_task_moved_off_a_sick_node_says_so(tmp_path: Path) -> None:
     note = health_note(state, task)
     assert note == "moved off t4-1 at step 30 (health CRITICAL: GPU 0: 3 volatile uncorrected ECC error(s))"
     assert note in render(state) and "2 (1 requeued)" in render(state)
+
+
+def test_logs_number_runs_as_the_job_does(tmp_path: Path) -> None:
+    """A task requeued once, then resubmitted: its jobs' logs are runs 1–2 and run 3, and the
+    resubmission starts as run 3 (ctx.attempt), not as "attempt 2"."""
+    from submitit.core.utils import JobPaths
+
+    from slurmagent.supervise.views import log_files
+
+    folder = tmp_path / ".submitit"
+    task = TaskRecord(0, ["a=1"], attempts=[Attempt("10_0", 0.0, restarts=1), Attempt("12", 0.0, restarts=0)])
+    state = SweepState(str(tmp_path), "slurm", str(folder), 0.0, [task], [])
+    for job in ("10_0", "12"):
+        paths = JobPaths(folder, job_id=job, task_id=0)
+        paths.stdout.parent.mkdir(parents=True, exist_ok=True)
+        paths.stdout.write_text("x\n")
+    assert [label for label, _ in log_files(state, task)] == ["runs 1–2, job 10_0, stdout", "run 3, job 12, stdout"]
+    assert runs(task) == 3  # the next submission starts as run runs(task) + 1
+
+
+def test_a_live_task_without_a_report_says_what_it_does() -> None:
+    """Was: a blank cell until the first loop.report."""
+    running = TaskRecord(0, ["a=1"], state="RUNNING", attempts=[Attempt("7_0", 0.0, state="RUNNING", nodes="cpu-1")])
+    queued = TaskRecord(1, ["a=2"], state="PENDING", attempts=[Attempt("7_1", 0.0, reason="Resources")])
+    text = render(SweepState("/nonexistent/sweep", "slurm", "/nonexistent/sweep/.submitit", 0.0, [running, queued], []))
+    assert "started on cpu-1; no step reported yet" in text and "queued by Slurm (Resources)" in text, text
