@@ -1,8 +1,9 @@
 """One entry point: `slurmagent …` and `python -m slurmagent …`.
 
-A first word that is a subcommand (status, watch, cancel, render, version) runs it;
+A first word that is a subcommand (status, watch, cancel, render, sweeps, …) runs it;
 anything else goes to Hydra (`+experiment=x -m a=1,2`, `--help`, `--info plugins`).
-Returns an exit code: 0 ok, 1 a task or command failed, 2 bad input (nothing was done).
+Returns an exit code: 0 ok, 1 a task or command failed, 2 bad input (nothing was done):
+then one line on stderr, naming the key, value or path and what would be valid.
 """
 
 from __future__ import annotations
@@ -10,19 +11,48 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slurmagent.errors import SlurmAgentError, SweepStateError
+from slurmagent.errors import ConfigError, SlurmAgentError, SweepStateError
 from slurmagent.safety import cli as safety_cli
+from slurmagent.safety.cli import check_output_dir, check_path, shown_path
 
 if TYPE_CHECKING:
     from slurmagent.slurm.seam import SlurmCLI
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 DETACH_FLAGS = ("--detach", "-d")  # = hydra.launcher.detach=true: submit, leave it to a supervisor, return
+
+
+def one_line(text: object) -> str:
+    """An error message as one line: Hydra's own span several (a hint; a heading ending in ':'
+    and its indented items, which become `heading: a, b, c`)."""
+    out, items = "", False
+    for raw in str(text).splitlines():
+        part = raw.strip()
+        if not part:
+            continue
+        if out.endswith(":") or (items and raw[:1].isspace()):
+            out += (", " if items else " ") + part
+            items = raw[:1].isspace()
+        else:
+            out, items = f"{out}; {part}" if out else part, False
+    return out
+
+
+def _slurmagent_cause(exc: BaseException) -> SlurmAgentError | None:
+    """Our own error inside one Hydra wrapped (a launcher or sweeper refusing its options
+    while Hydra instantiates it: "Error in call to target …")."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SlurmAgentError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _bare_word(arg: str) -> bool:
@@ -51,16 +81,18 @@ def _hydra(argv: list[str]) -> int:
     main = hydra.main(version_base="1.3", config_path="pkg://slurmagent.conf", config_name="config")(run_task)
     try:
         main()
-    except SlurmAgentError as exc:
-        print(f"slurmagent: error: {exc}", file=sys.stderr)
-        from slurmagent.errors import ConfigError, SlurmUnavailableError, SubmissionRefused, SweepRefusedError
+    except (SlurmAgentError, HydraException, OmegaConfBaseException) as exc:
+        own = _slurmagent_cause(exc)
+        if own is None:
+            print(f"slurmagent: error: {one_line(config_error(exc) or exc)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        from slurmagent.errors import SlurmUnavailableError, SubmissionRefused, SweepRefusedError
 
         # refused: Slurm said no to the request itself
-        bad_input = (ConfigError, SlurmUnavailableError, SubmissionRefused, SweepRefusedError)
-        return EXIT_BAD_INPUT if isinstance(exc, bad_input) else EXIT_FAILED
-    except (HydraException, OmegaConfBaseException) as exc:
-        print(f"slurmagent: error: {config_error(exc) or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        bad_input = isinstance(own, (ConfigError, SlurmUnavailableError, SubmissionRefused, SweepRefusedError))
+        # bad input: one line; a failed task's error keeps its lines (its traceback)
+        print(f"slurmagent: error: {one_line(own) if bad_input else own}", file=sys.stderr)
+        return EXIT_BAD_INPUT if bad_input else EXIT_FAILED
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_FAILED
     return EXIT_OK
@@ -108,7 +140,85 @@ def hoist_flags(argv: list[str]) -> list[str]:
     return [*flags, *rest]
 
 
+# -- sweep directories named, or the newest -----------------------------------------------
+JOB_ID = re.compile(r"\d+(_\d+)?")  # a Slurm job (123), array task (123_4) or array (123): doctor's other target
+
+
+def sweep_dir_arg(path: Path) -> Path:
+    """A sweep directory named on the command line, checked before anything reads or writes
+    it: a SweepStateError naming it (missing, a file, a symlink loop, unreadable, no sweep.json)."""
+    from slurmagent.supervise.state import STATE_FILE
+
+    if not os.path.lexists(path):
+        raise SweepStateError(
+            f"{shown_path(path)} is not a slurmagent sweep directory: no such directory, so no {STATE_FILE} "
+            "(slurmagent sweeps lists yours)"
+        )
+    check_path(path, "dir", "sweep directory", SweepStateError)
+    state = path / STATE_FILE
+    try:
+        state.stat()
+    except FileNotFoundError:
+        raise SweepStateError(
+            f"{shown_path(path)} is not a slurmagent sweep directory: no {STATE_FILE} in it "
+            "(slurmagent sweeps lists yours)"
+        ) from None
+    except OSError:
+        pass  # check_path names what is wrong
+    check_path(state, "file", "sweep state", SweepStateError)
+    return path
+
+
+def newest_sweep(command: str) -> Path:
+    """The newest sweep (the first line of `slurmagent sweeps`), said on stderr."""
+    from slurmagent.launch.index import find_sweeps, index_path, shown
+
+    found = find_sweeps(limit=1)
+    if not found:
+        raise SweepStateError(
+            f"no sweep directory given, and no sweep under ./multirun nor in your index ({index_path()}); "
+            f"give one: slurmagent {command} DIR"
+        )
+    print(f"slurmagent: {command}: the newest sweep, {shown(found[0].path)}", file=sys.stderr)
+    return found[0].path
+
+
+def _sweep(args: argparse.Namespace) -> Path:
+    """args.sweep_dir checked, or the newest sweep when none was given; set on args too."""
+    args.sweep_dir = newest_sweep(args.cmd) if args.sweep_dir is None else sweep_dir_arg(args.sweep_dir)
+    return args.sweep_dir  # type: ignore[no-any-return]
+
+
 # -- subcommands --------------------------------------------------------------------------
+def cmd_sweeps(args: argparse.Namespace) -> int:
+    """Recent sweeps, newest first: when, the tasks' states, where."""
+    import time
+
+    from slurmagent.launch.index import find_sweeps, index_path, shown
+
+    found = find_sweeps(limit=args.limit)
+    if args.json:
+        for e in found:
+            print(
+                json.dumps(
+                    {
+                        "sweep_dir": str(e.path),
+                        "launched_at": e.launched_at,
+                        "counts": e.counts,
+                        "problem": e.problem or None,
+                    }
+                )
+            )
+        return EXIT_OK
+    if not found:
+        print(f"no sweep under ./multirun nor in your index ({index_path()})")
+        return EXIT_OK
+    for e in found:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.launched_at))
+        print(f"{when}  {e.describe_counts():<32}  {shown(e.path)}")
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
 
     from slurmagent.launch.backend import SubmititSubmitter
@@ -117,6 +227,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from slurmagent.supervise.supervisor import Supervisor
     from slurmagent.supervise.views import health_note, runs, sweep_table, terminal
 
+    _sweep(args)
     if args.refresh:  # one poll, by the sweep's supervisor's rules: only when none acts on it now
         lead = Lead(args.sweep_dir, "status --refresh")
         if lead.take():
@@ -162,7 +273,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from slurmagent.supervise.supervisor import Supervisor
     from slurmagent.supervise.views import sweep_table, terminal
 
-    sup = Supervisor(args.sweep_dir, poll_interval_s=args.interval, submit=SubmititSubmitter())
+    sup = Supervisor(_sweep(args), poll_interval_s=args.interval, submit=SubmititSubmitter())
     state = sup.wait(timeout_s=args.timeout)
     terminal().print(sweep_table(state))
     if not state.done:
@@ -179,7 +290,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from slurmagent.supervise.control import cancel_sweep
     from slurmagent.supervise.state import SweepStore
 
-    SweepStore(args.sweep_dir).load()  # not a sweep: a clear error, nothing cancelled
+    SweepStore(sweep_dir_arg(args.sweep_dir)).load()  # not a sweep: a clear error, nothing cancelled
     n = cancel_sweep(args.sweep_dir, SlurmCLI(), "by slurmagent cancel")
     print(f"cancelled {n} unfinished task(s) of {args.sweep_dir}")
     return EXIT_OK
@@ -189,19 +300,21 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     from slurmagent.launch.backend import SubmititSubmitter
     from slurmagent.supervise.detach import run_supervisor
 
-    return run_supervisor(args.sweep_dir, SubmititSubmitter())
+    return run_supervisor(sweep_dir_arg(args.sweep_dir), SubmititSubmitter())
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from slurmagent.schedule.cli import plan_cli
 
-    return plan_cli(args.overrides, as_json=args.json)
+    return plan_cli(args.overrides, as_json=args.json, config_dir=args.config_dir)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from slurmagent.render import render_cli
 
-    return render_cli(args.output, args.overrides, args.mode)
+    if args.output is not None:
+        check_output_dir(args.output, "--output", ConfigError)
+    return render_cli(args.output, args.overrides, args.mode, config_dir=args.config_dir)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -213,8 +326,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     target = str(args.target)
     found: list[tuple[str, Diagnosis]] = []
-    if Path(target).is_dir():
-        state = SweepStore(target).load()
+    # a job id unless a sweep directory of that name is here; anything else is a path (from the cwd)
+    if not JOB_ID.fullmatch(target) or (Path(target) / "sweep.json").exists():
+        state = SweepStore(sweep_dir_arg(Path(target))).load()
         for t in state.tasks:
             if t.state != "COMPLETED" and t.done and t.job_id:
                 found.append((f"task {t.index} ({t.job_id}, {t.state})", diagnose(t.state, collect_logs(state, t))))
@@ -318,7 +432,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from slurmagent.supervise.state import SweepStore
     from slurmagent.supervise.views import log_files, tail_lines
 
-    store = SweepStore(args.sweep_dir)
+    digits = args.sweep_dir is not None and re.fullmatch(r"\d+", str(args.sweep_dir))
+    if args.task is None and digits and not (args.sweep_dir / "sweep.json").exists():
+        args.task, args.sweep_dir = int(str(args.sweep_dir)), None  # `logs 3`: task 3 of the newest sweep
+    store = SweepStore(_sweep(args))
     state = store.load()
     if args.task is None:
         for t in state.tasks[: args.rows]:
@@ -364,7 +481,7 @@ def cmd_results(args: argparse.Namespace) -> int:
     from slurmagent.supervise.state import SweepStore
     from slurmagent.supervise.views import columns, result_rows, results_table, terminal
 
-    rows = result_rows(SweepStore(args.sweep_dir).load(), args.sort, descending=args.desc)
+    rows = result_rows(SweepStore(_sweep(args)).load(), args.sort, descending=args.desc)
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))
@@ -381,7 +498,9 @@ def cmd_results(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from slurmagent.report import write_report
 
-    report = write_report(args.sweep_dir, args.output)
+    if args.output is not None:
+        check_output_dir(args.output, "--output", SweepStateError)
+    report = write_report(_sweep(args), args.output)
     print(
         f"wrote {report.page} with {len(report.images)} plot(s) ({report.curves} of {report.tasks} task(s) "
         f"reported metrics); open it in a browser: file://{report.page.absolute()}"
@@ -409,12 +528,23 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         )
 
     sweep_help = "a sweep directory (the multirun/<date>/<time> folder the launcher printed)"
+    newest_help = f"{sweep_help}; default: the newest sweep (slurmagent sweeps lists them)"
+    config_dir_help = "a directory of your own configs, searched as with Hydra's --config-dir (e.g. conf)"
+    sw = command(
+        "sweeps",
+        "list your recent sweeps, newest first: the tasks' states and the sweep directory",
+        "Finds the sweeps under ./multirun (Hydra's default sweep directory) and the ones the launcher\n"
+        "recorded in your index (in your state directory), wherever they were launched. status, watch,\n"
+        "logs, results and report take the newest one when no sweep directory is given.",
+    )
+    sw.add_argument("--limit", type=int, default=20, help="at most this many sweeps (default 20)")
+    sw.add_argument("--json", action="store_true", help="one JSON object per sweep")
     s = command(
         "status",
         "print a sweep's table: every task's state, runs, result or reason",
         "Reads sweep.json; with --refresh it first polls Slurm once (one sacct call).",
     )
-    s.add_argument("sweep_dir", type=Path, help=sweep_help)
+    s.add_argument("sweep_dir", type=Path, nargs="?", default=None, help=newest_help)
     s.add_argument("--json", action="store_true", help="every task as JSON, for scripts")
     s.add_argument("--refresh", action="store_true", help="poll Slurm once before printing")
     s.add_argument("--rows", type=int, default=100, help="at most this many table rows (default 100)")
@@ -424,7 +554,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "Use it after the launcher died (or was never kept): it polls Slurm, recovers failed tasks\n"
         "as the launcher would, and exits 0 when every task completed, 1 otherwise.",
     )
-    w.add_argument("sweep_dir", type=Path, help=sweep_help)
+    w.add_argument("sweep_dir", type=Path, nargs="?", default=None, help=newest_help)
     w.add_argument("--interval", type=float, default=2.0, help="seconds between polls (grows while nothing changes)")
     w.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (exit 1)")
     c = command(
@@ -432,7 +562,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "cancel a sweep's unfinished tasks (and its detached supervisor)",
         "Completed tasks and their results stay.",
     )
-    c.add_argument("sweep_dir", type=Path, help=sweep_help)
+    c.add_argument("sweep_dir", type=Path, help=f"{sweep_help} (always given: cancel never guesses)")
     sv = command(
         "supervise",
         "what a detached sweep's supervisor runs (a Slurm job or a process): supervise it to the end",
@@ -448,6 +578,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "`sbatch --test-only`, cost) and the choice; nothing is submitted.",
     )
     pl.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m slurmagent")
+    pl.add_argument("--config-dir", "-cd", type=Path, default=None, help=config_dir_help)
     pl.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
     r = command(
         "render",
@@ -456,6 +587,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     )
     r.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. +experiment=digits_mlp optim.lr=1e-3")
     r.add_argument("-o", "--output", type=Path, default=None, help="directory to write into (default: ./render/<name>)")
+    r.add_argument("--config-dir", "-cd", type=Path, default=None, help=config_dir_help)
     r.add_argument(
         "--mode",
         choices=("python", "command"),
@@ -467,7 +599,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "say why a job or a sweep's tasks failed, and what to do",
         "TARGET is a sweep directory, a Slurm job id (123), an array task (123_4) or an array (123).",
     )
-    dr.add_argument("target", help="a sweep directory or a Slurm job id")
+    dr.add_argument("target", type=Path, help="a sweep directory or a Slurm job id (digits, or 123_4)")
     dr.add_argument("--json", action="store_true", help="one JSON object per diagnosed task")
     lg = command(
         "logs",
@@ -476,7 +608,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "(a requeued run appends to its job's files), then the task's own logs; --follow keeps printing\n"
         "what they add, through new attempts, until the task ends.",
     )
-    lg.add_argument("sweep_dir", type=Path, help=sweep_help)
+    lg.add_argument("sweep_dir", type=Path, nargs="?", default=None, help=f"{newest_help}; `logs 3`: its task 3")
     lg.add_argument("task", nargs="?", type=int, default=None, help="a task's index (the # column of status)")
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the task ends")
     lg.add_argument("--tail", type=int, default=200, help="last lines of each file (0 = all; default 200)")
@@ -487,7 +619,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "one row per task: its varying overrides, state, runs and result values",
         "Example: slurmagent results DIR --sort val_acc --desc   |   slurmagent results DIR --csv > results.csv",
     )
-    rs.add_argument("sweep_dir", type=Path, help=sweep_help)
+    rs.add_argument("sweep_dir", type=Path, nargs="?", default=None, help=newest_help)
     rs.add_argument("--sort", default=None, help="a column to sort by (a result key such as val_acc, or an override)")
     rs.add_argument("--desc", action="store_true", help="largest first")
     fmt = rs.add_mutually_exclusive_group()
@@ -498,7 +630,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "write an HTML report: a plot of every reported metric over steps (PNGs beside it) and the results",
         "The curves come from each task's metrics.jsonl (loop.report); the page needs no server.",
     )
-    rp.add_argument("sweep_dir", type=Path, help=sweep_help)
+    rp.add_argument("sweep_dir", type=Path, nargs="?", default=None, help=newest_help)
     rp.add_argument("-o", "--output", type=Path, default=None, help="directory to write into (default: SWEEP/report)")
     command("version", "print the version")
     sk = command(
@@ -512,6 +644,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
     sk.add_argument("name", nargs="?", help="the skill to run")
     sk.add_argument("args", nargs=argparse.REMAINDER, help="the skill's own arguments (see NAME --help)")
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "sweeps": cmd_sweeps,
         "status": cmd_status,
         "watch": cmd_watch,
         "cancel": cmd_cancel,
@@ -530,6 +663,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
 
 
 SUBCOMMANDS = (
+    "sweeps",
     "status",
     "watch",
     "logs",
@@ -602,13 +736,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return handlers[ns.cmd](ns)
         except SlurmAgentError as exc:
-            print(f"slurmagent: error: {exc}", file=sys.stderr)
+            print(f"slurmagent: error: {one_line(exc)}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        except Exception as exc:  # a config that does not compose (render, skill): one line, exit 2
-            if type(exc).__module__.split(".")[0] not in ("hydra", "omegaconf"):
-                raise
-            from slurmagent.config import config_error
+        except Exception as exc:
+            if type(exc).__module__.split(".")[0] in ("hydra", "omegaconf"):  # a config that does not compose
+                from slurmagent.config import config_error
 
-            print(f"slurmagent: error: {config_error(exc) or exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+                own = _slurmagent_cause(exc)
+                print(f"slurmagent: error: {one_line(own or config_error(exc) or exc)}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+            if isinstance(exc, OSError):  # a file the command needed, past the checks of its arguments
+                where = f"{exc.filename}: " if exc.filename else ""
+                print(f"slurmagent: error: {where}{safety_cli.os_why(exc)}", file=sys.stderr)
+                return EXIT_FAILED
+            raise
     return _hydra(args)

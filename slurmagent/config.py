@@ -8,6 +8,7 @@ valid ones), wrong types and out-of-range values with a message naming the key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -65,7 +66,12 @@ class RecoveryConf:
 
     signal: str = "USR2"  # user signal Slurm sends before the end (USR1 is often NCCL's)
     signal_delay_s: int = 60  # seconds before the time limit that the signal is sent
-    max_attempts: int = 5  # attempts per task in all (requeues + resubmissions + the first)
+    # submissions per task: the first and each resubmission by recovery (Slurm's own requeues on
+    # preemption or a failed node are not attempts; time-limit requeues: max_time_limit_requeues)
+    max_attempts: int = 5
+    # let Slurm requeue the job itself on preemption or a failed node (sbatch --requeue); false:
+    # --no-requeue, such a job ends and recovery resubmits it as a new job (it still resumes)
+    requeue: bool = True
     max_time_limit_requeues: int = 3  # requeues at the time limit per Slurm job; then resubmit with more time
     kill_wait_s: float | None = None  # seconds from SIGTERM to SIGKILL; None = Slurm's KillWait (asked on stop)
 
@@ -168,6 +174,11 @@ def site_conf(raw: Mapping[str, Any] | None) -> SiteConf:
             f"time_min_fraction={scheduling.time_min_fraction})"
         )
     slurm_time_to_seconds(scheduling.fallback_time)
+    for part, cap in scheduling.max_jobs_per_partition.items():
+        if cap < 1:
+            raise ConfigError(
+                f"site.scheduling.max_jobs_per_partition.{part}={cap} must be at least 1 (a job at a time)"
+            )
     catalogue = {str(k): parse_conf(GpuConf, v, f"site.gpus.{k}") for k, v in gpus.items()}
     for name, gpu in catalogue.items():
         if gpu.memory_gib <= 0 or gpu.throughput <= 0 or gpu.price_per_hour < 0:
@@ -312,6 +323,13 @@ def hpo_conf(data: Mapping[str, Any] | None) -> HpoConf:
         )
     if budget.epochs < 0 or budget.trials < 0:
         raise ConfigError("hpo.budget.epochs and hpo.budget.trials count up from 0 (0 = no limit)")
+    if not 0 <= conf.seed < 2**32:
+        raise ConfigError(f"hpo.seed={conf.seed} must be in [0, 2**32): the samplers' seed range")
+    for key, value in (("explore", conf.explore), ("stop_at", conf.stop_at)):
+        if value < 0:
+            raise ConfigError(f"hpo.{key}={value} must be 0 or more")
+    if conf.trial < -1:
+        raise ConfigError(f"hpo.trial={conf.trial} must be a trial's id (0 or more), or -1 (not a trial)")
     if budget.wall_time:
         slurm_time_to_seconds(budget.wall_time)  # a clear error for a bad time
     if not (budget.epochs or budget.trials or budget.wall_time):
@@ -456,7 +474,16 @@ def parse_conf(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
             data[key] = value = [str(v) for v in value]
         if not _type_ok(value, hints[key]):
             raise ConfigError(f"{where}.{key}={value!r} has the wrong type; expected {_type_name(hints[key])}")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in _numbers(value)):
+            raise ConfigError(f"{where}.{key}={value!r} is not a finite number; nan and inf are refused")
     return cls(**data)
+
+
+def _numbers(value: Any) -> list[Any]:
+    """A value's numbers: itself, or a list's or a mapping's values (one level)."""
+    if isinstance(value, Mapping):
+        return list(value.values())
+    return list(value) if isinstance(value, list) else [value]
 
 
 def validate_resources(res: ResourcesConf) -> None:
@@ -522,13 +549,19 @@ def validate_launcher(conf: LauncherConf) -> None:
     ):
         if value not in valid:
             raise ConfigError(f"hydra.launcher.{key}={value!r} is not one of {choices(valid)}; nothing was submitted")
+    for key, num in (("array_parallelism", conf.array_parallelism), ("max_array_size", conf.max_array_size)):
+        if num < 0:
+            raise ConfigError(f"hydra.launcher.{key}={num} must be 0 (no limit) or positive; nothing was submitted")
+    for key, sec in (("poll_interval_s", conf.poll_interval_s), ("max_poll_interval_s", conf.max_poll_interval_s)):
+        if sec <= 0:
+            raise ConfigError(f"hydra.launcher.{key}={sec} must be a positive number of seconds; nothing was submitted")
 
 
 def validate_recovery(rc: RecoveryConf) -> None:
     if rc.signal not in SIGNAL_CHOICES:
         raise ConfigError(f"recovery.signal={rc.signal!r} is not one of {choices(SIGNAL_CHOICES)}")
-    if rc.signal_delay_s < 1:
-        raise ConfigError(f"recovery.signal_delay_s={rc.signal_delay_s} must be at least 1")
+    if not 1 <= rc.signal_delay_s <= 65535:  # sbatch --signal's range
+        raise ConfigError(f"recovery.signal_delay_s={rc.signal_delay_s} must be between 1 and 65535 (sbatch --signal)")
     if rc.max_attempts < 1:
         raise ConfigError(f"recovery.max_attempts={rc.max_attempts} must be at least 1")
     if rc.max_time_limit_requeues < 0:
@@ -670,6 +703,7 @@ def config_error(exc: BaseException) -> ConfigError | None:
     """An error Hydra or OmegaConf raised about a key of a typed group, as a ConfigError that
     names the key, the valid keys and the closest one (`resources.gpu` → did you mean
     resources.gpus?); None when the error is about something else."""
+    from omegaconf import DictConfig
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
     seen: BaseException | None = exc
@@ -680,8 +714,43 @@ def config_error(exc: BaseException) -> ConfigError | None:
         if missing and full_key and owner is not None and dataclasses.is_dataclass(owner):
             group, _, leaf = full_key.rpartition(".")
             return unknown_key(group, leaf, [f.name for f in dataclasses.fields(owner) if f.name != "_target_"])
+        if missing and full_key and isinstance(getattr(seen, "parent_node", None), DictConfig):
+            return _free_key_error(full_key, seen.parent_node, str(exc))  # type: ignore[attr-defined]
         if isinstance(seen, ValidationError) and full_key:
             reason = str(seen).splitlines()[0]
             return ConfigError(f"{full_key}: {reason}")
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def _free_key_error(full_key: str, parent: Any, hydra_message: str) -> ConfigError:
+    """A key the (free-form) config does not have, overridden without `+` (`optim.lrr=0.01`):
+    the keys at its level and the closest one (`optim.lr`); for a top-level key, else the
+    closest key of that name in a group (`lrr=0.01` → `optim.lr`); and how to add it when meant."""
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    group, _, leaf = full_key.rpartition(".")
+    siblings = [str(k) for k in parent]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+    guess = f"{group}.{close[0]}" if close and group else (close[0] if close else "")
+    if not guess and not group:  # a key of a group, given without the group
+        root = OmegaConf.to_container(parent._get_root(), resolve=False)
+        nested: dict[str, str] = {}  # leaf name → its first dotted path
+        stack = [(f"{k!s}.", v) for k, v in (root.items() if isinstance(root, dict) else ()) if k != "hydra"]
+        while stack:
+            prefix, node = stack.pop(0)
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    nested.setdefault(str(k), f"{prefix}{k}")
+                    stack.append((f"{prefix}{k}.", v))
+        close = difflib.get_close_matches(leaf, sorted(nested), n=1, cutoff=0.6)
+        guess = nested[close[0]] if close else ""
+    where = f"valid keys of {group}" if group else "valid top-level keys"
+    add = re.search(r"use (\+\S.*)$", hydra_message)
+    return ConfigError(
+        f"unknown key {full_key}; {where}: {choices(siblings)}"
+        + (f"; did you mean {guess}?" if guess else "")
+        + (f" (to add a new key: {add.group(1)})" if add else "")
+    )

@@ -26,7 +26,7 @@ from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
 from slurmagent.runtime.env import JobEnv
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
-from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags, signal_flag
+from slurmagent.slurm.sbatch import requeue_flag, safe_job_name, sbatch_flags, signal_flag
 from slurmagent.slurm.seam import SlurmCLI
 
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")
@@ -54,12 +54,31 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def compose(overrides: list[str]) -> Any:
+def compose(overrides: list[str], config_dir: Path | None = None) -> Any:
+    """The packaged config with `overrides`, as `python -m slurmagent` composes it; `config_dir`
+    is searched too, as Hydra's `--config-dir` does for a run (a user's own experiments)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
+    if config_dir is not None:
+        overrides = [*overrides, searchpath_override(config_dir, overrides)]
     with initialize_config_module(config_module="slurmagent.conf", version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides)
+
+
+def searchpath_override(config_dir: Path, overrides: list[str]) -> str:
+    """`hydra.searchpath=['file:///abs/dir']`: where Hydra's --config-dir puts a directory (after
+    the packaged configs, before the schemas), quoted for Hydra's override grammar."""
+    from slurmagent.safety.cli import check_path
+
+    if any(o.lstrip("+~").startswith("hydra.searchpath=") for o in overrides):
+        raise ConfigError("give --config-dir or a hydra.searchpath override, not both (Hydra takes only one)")
+    check_path(config_dir, "dir", "--config-dir", ConfigError)
+    path = f"file://{config_dir.absolute()}"
+    # inside single quotes Hydra unescapes \' and the backslashes right before a quote (and at the end)
+    quoted = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", path)
+    quoted = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, quoted)
+    return f"hydra.searchpath=['{quoted}']"
 
 
 def _check_cluster(spec: JobSpec) -> bool:
@@ -81,11 +100,12 @@ def render(
     mode: str | None = None,
     python: str | None = None,
     check_cluster: bool = True,
+    config_dir: Path | None = None,
 ) -> Rendered:
     for override in overrides:
         if "\x00" in override:  # a shell script cannot carry it: bash would cut the argument there
             raise ConfigError(f"override {override.split('=', 1)[0]!r} contains a NUL byte, which no script can carry")
-    cfg = compose(overrides)
+    cfg = compose(overrides, config_dir)
     spec: JobSpec = job_spec(spec_dict(cfg))
     mode = mode or ("command" if spec.task.command else "python")
     if mode == "command" and not spec.task.command:
@@ -117,6 +137,7 @@ def render(
             job_name=name,
             flags=flags,
             signal=signal_flag(spec.recovery, batch_shell=(mode == "command")),
+            requeue=requeue_flag(spec.recovery),
             output=output_line,
             run_dir=str(run_dir),
             env=_job_env(mode, spec, ckpt),
@@ -153,9 +174,9 @@ def _experiment_name(overrides: list[str]) -> str:
     return "slurmagent"
 
 
-def render_cli(output: Path | None, overrides: list[str], mode: str | None) -> int:
+def render_cli(output: Path | None, overrides: list[str], mode: str | None, config_dir: Path | None = None) -> int:
     out = output or Path("render") / safe_job_name(_experiment_name(overrides))
-    rendered = render(overrides, out, mode)
+    rendered = render(overrides, out, mode, config_dir=config_dir)
     print(f"wrote {rendered.script}\nwrote {rendered.config}\nsubmit with: sbatch {shlex.quote(str(rendered.script))}")
     if not rendered.checked:
         print("note: Slurm does not answer here, so the resources were not checked against a cluster")

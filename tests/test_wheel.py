@@ -88,3 +88,11 @@ def test_installed_wheel_runs_a_sweep_and_renders(installed: Path, tmp_path: Pat
     rendered = run(installed, [cli, "render", "+experiment=digits_mlp", "-o", str(tmp_path / "r")], tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     assert "#SBATCH --requeue" in (tmp_path / "r" / "job.sbatch").read_text()
+
+
+def test_the_checkout_holds_no_job_output_and_ignores_it(project_root: Path) -> None:
+    """Was: an empty slurm-1763.out committed at the root; render/ and slurm-*.out not ignored."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=project_root, capture_output=True, text=True).stdout.split()
+    assert not [f for f in tracked if Path(f).name.startswith("slurm-") and f.endswith(".out")], tracked
+    ignored = (project_root / ".gitignore").read_text().splitlines()
+    assert {"render/", "slurm-*.out", "multirun/", "outputs/"} <= set(ignored)

@@ -76,6 +76,15 @@ class SweepRunner:
                 JobEnv.JOB_ID: job_id,
             }
         )
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        # one line per run in the job's log (a requeued run appends to the same file): `logs` and
+        # ctx.attempt number runs alike
+        print(
+            f"[slurmagent] task {payload.index}, run {payload.attempt + restarts} (job {job_id}"
+            + (f", requeued {restarts}x" if restarts else "")
+            + ")",
+            flush=True,
+        )
         HydraConfig.instance().set_config(sweep_config)
         job_function = task_function if task_function is run_task else wrap_user_task(task_function)
         try:

@@ -17,10 +17,11 @@ from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
 from slurmagent.job.boot import place_pickle, staged_pickle
 from slurmagent.job.runner import SweepRunner, TaskPayload
-from slurmagent.slurm.sbatch import sbatch_flags
+from slurmagent.slurm.sbatch import requeue_flag, sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.slurm.syntax import slurm_time_to_seconds, time_to_minutes
 from slurmagent.supervise.state import SweepState, TaskRecord
+from slurmagent.supervise.views import runs
 
 SUBMITIT_NAMED = {
     "partition",
@@ -55,7 +56,7 @@ def slurm_parameters(
     """submitit SlurmExecutor parameters for one array of tasks sharing `spec`; `comment`
     marks the job for finding it again (supervise/submission.py) unless the user set one."""
     params: dict[str, Any] = {"job_name": job_name}
-    additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
+    additional: dict[str, Any] = {requeue_flag(spec.recovery): True, "open-mode": "append"}
     for flag, value in sbatch_flags(spec.resources).items():
         key = flag.replace("-", "_")
         if flag == "time":
@@ -87,9 +88,17 @@ class SubmititSubmitter:
         folder = Path(state.submitit_folder)
         executor = make_executor(state.backend, folder, spec, conf, len(tasks), state.job_name, self.slurm, comment)
         runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
-        # a resubmission carries its adjusted resources, so the job's config says what it got
-        resources = asdict(spec.resources) if attempt > 1 else None
-        payloads = [TaskPayload(t.index, tuple(t.overrides), attempt=attempt, resources=resources) for t in tasks]
+        # a resubmission carries its adjusted resources, so the job's config says what it got; each
+        # job starts as the task's next run (ctx.attempt: every earlier run, requeues included, counts)
+        payloads = [
+            TaskPayload(
+                t.index,
+                tuple(t.overrides),
+                attempt=runs(t) + 1,
+                resources=asdict(spec.resources) if t.attempts else None,
+            )
+            for t in tasks
+        ]
         return [str(job.job_id) for job in executor.map_array(runner, payloads)]
 
 

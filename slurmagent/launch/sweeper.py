@@ -18,6 +18,7 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 from slurmagent.config import SPEC_GROUPS
+from slurmagent.errors import ConfigError
 
 SPEC_ROOTS = (*SPEC_GROUPS, "hydra")  # overrides under these can change a job spec
 
@@ -46,6 +47,11 @@ def representatives(batch: Sequence[Sequence[str]]) -> list[Sequence[str]]:
 
 
 class RepresentativeSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ConfigError(f"hydra.sweeper.max_batch_size={max_batch_size} must be at least 1 (or null: one batch)")
+        super().__init__(max_batch_size, params)
+
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         super().validate_batch_is_legal(representatives(batch))
 

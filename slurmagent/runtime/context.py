@@ -56,7 +56,9 @@ class JobContext:
     array_job_id: str | None  # SLURM_ARRAY_JOB_ID
     array_task_id: int | None  # SLURM_ARRAY_TASK_ID
     task_index: int  # index of the task in its sweep (Hydra job num)
-    attempt: int  # 1 for the first run; +1 for each requeue or resubmission
+    attempt: (
+        int  # this run's number among the task's runs: 1 for the first, +1 for each requeue, resubmission or promotion
+    )
     restart_count: int  # SLURM_RESTART_COUNT: requeues of this Slurm job
     output_dir: Path  # the task's own directory
     checkpoint_dir: Path  # where its checkpoints go

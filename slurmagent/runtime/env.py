@@ -19,7 +19,7 @@ class JobEnv(StrEnum):
     BACKEND = "SLURMAGENT_BACKEND"  # slurm | local; unset outside slurmagent
     JOB_ID = "SLURMAGENT_JOB_ID"  # Slurm id (ARRAYJOBID_TASKID for an array task) or the local pid
     TASK_INDEX = "SLURMAGENT_TASK_INDEX"  # the task's index in its sweep (Hydra job num)
-    ATTEMPT = "SLURMAGENT_ATTEMPT"  # the attempt this Slurm job started as; each requeue adds one
+    ATTEMPT = "SLURMAGENT_ATTEMPT"  # the run of the task this Slurm job started as; each requeue adds one
     SWEEP_DIR = "SLURMAGENT_SWEEP_DIR"  # the sweep directory (unset for a single run)
     OUTPUT_DIR = "SLURMAGENT_OUTPUT_DIR"  # the task's own directory
     CHECKPOINT_DIR = "SLURMAGENT_CHECKPOINT_DIR"  # where its checkpoints go

@@ -5,18 +5,94 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
+import stat
 import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from slurmagent.errors import ApprovalError, AuditError, SlurmAgentError
+from slurmagent.errors import ApprovalError, AuditError, PolicyError, SlurmAgentError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 COMMANDS = ("audit", "approvals", "approve", "reject", "pause", "resume", "replay")
+
+
+# -- paths named on the command line ----------------------------------------------------------
+_WHY = {
+    errno.ENOENT: "no such file or directory",
+    errno.ELOOP: "a loop of symbolic links",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "a part of it is a file, not a directory",
+    errno.ENAMETOOLONG: "the name is too long",
+}
+
+
+def os_why(exc: OSError) -> str:
+    """What is wrong with a path, in words (an OSError's errno)."""
+    return _WHY.get(exc.errno or 0, exc.strerror or type(exc).__name__)
+
+
+def shown_path(path: Path) -> str:
+    """A path for a one-line message: as typed, or quoted when it holds a line break or another
+    character a terminal would not show as itself."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def check_path(path: Path, want: str, what: str, error: type[SlurmAgentError] = SlurmAgentError) -> Path:
+    """`path`, given on the command line as `what` ("--sweep", "sweep directory"), checked
+    before anything is read or written: it exists and can be read, and is a directory
+    (`want`="dir"), a file ("file") or either ("any"); else `error`, one line naming it."""
+    name = shown_path(path)
+    try:
+        st = path.stat()
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte
+        why = os_why(exc) if isinstance(exc, OSError) else str(exc)
+        raise error(f"{what} {name}: {why}") from None
+    is_dir = stat.S_ISDIR(st.st_mode)
+    if want == "dir" and not is_dir:
+        raise error(f"{what} {name} is a file, not a directory")
+    if want == "file" and is_dir:
+        raise error(f"{what} {name} is a directory, not a file")
+    try:
+        if is_dir:
+            with os.scandir(path):
+                pass
+        else:
+            with open(path, "rb"):
+                pass
+    except OSError as exc:
+        raise error(f"{what} {name}: {os_why(exc)}") from None
+    return path
+
+
+def check_output_dir(path: Path, what: str, error: type[SlurmAgentError] = SlurmAgentError) -> Path:
+    """A directory a command writes into (created when missing), checked before anything is
+    written: not a file, no symlink loop, and writable (it, or the folder it would be made in)."""
+    name, probe = shown_path(path), path
+    while True:
+        try:
+            st = probe.stat()
+        except FileNotFoundError:
+            if probe.parent == probe:
+                break
+            probe = probe.parent
+            continue
+        except (OSError, ValueError) as exc:
+            why = os_why(exc) if isinstance(exc, OSError) else str(exc)
+            raise error(f"{what} {name}: {why}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            where = name if probe == path else f"{name}: {shown_path(probe)}"
+            raise error(f"{what} {where} is a file, not a directory")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise error(f"{what} {name}: permission denied" + ("" if probe == path else f" (in {shown_path(probe)})"))
+        break
+    return path
 
 
 def _console() -> Any:
@@ -33,13 +109,18 @@ def audit_path(given: Path) -> tuple[Path, str]:
     exist is an AuditError (bad input)."""
     from slurmagent.safety.paths import SWEEP_AUDIT
 
-    path = given / SWEEP_AUDIT if given.is_dir() else given
+    is_dir = given.is_dir()
+    if is_dir:
+        check_path(given, "dir", "audit log's directory", AuditError)
+    path = given / SWEEP_AUDIT if is_dir else given
     if path.exists():
-        return path, ""
+        return check_path(path, "file", "audit log", AuditError), ""
     if path.with_name(path.name + ".head").exists():
         return path, "deleted"
-    if not given.is_dir():  # a file named that is not there: a typo, not an empty history
-        raise AuditError(f"{given}: no such audit log (give a sweep directory or its audit.jsonl)")
+    if not is_dir:  # a file named that is not there: a typo, not an empty history
+        if os.path.lexists(given):  # there, but it cannot be read: a symlink loop, a folder that is a file…
+            check_path(given, "any", "audit log", AuditError)
+        raise AuditError(f"{shown_path(given)}: no such audit log (give a sweep directory or its audit.jsonl)")
     return path, "none"
 
 
@@ -86,7 +167,7 @@ def _store(sweep: Path | None) -> Any:
     from slurmagent.safety.paths import APPROVALS_DIR, approvals_dir
 
     if sweep is not None:
-        return ApprovalStore(approvals_dir(sweep))
+        return ApprovalStore(approvals_dir(check_path(sweep, "dir", "--sweep", ApprovalError)))
     if os.environ.get("SLURMAGENT_APPROVALS_DIR"):
         return ApprovalStore(os.environ["SLURMAGENT_APPROVALS_DIR"])
     if (Path.cwd() / APPROVALS_DIR).is_dir():
@@ -232,8 +313,8 @@ def cmd_vote(args: argparse.Namespace) -> int:
 def cmd_switch(args: argparse.Namespace) -> int:
     from slurmagent.safety.switch import pause, resume
 
-    if args.sweep is not None and not args.sweep.is_dir():
-        raise SlurmAgentError(f"--sweep {args.sweep}: no such directory")
+    if args.sweep is not None:
+        check_path(args.sweep, "dir", "--sweep")
     what = f"sweep {args.sweep}" if args.sweep is not None else "every sweep of this user"
     if args.cmd == "pause":
         path = pause(args.sweep, args.reason or "")
@@ -246,9 +327,15 @@ def cmd_switch(args: argparse.Namespace) -> int:
 
 # -- replay ---------------------------------------------------------------------------------
 def cmd_replay(args: argparse.Namespace) -> int:
+    from slurmagent.safety.paths import SWEEP_HISTORY
     from slurmagent.safety.policy import load_policy, resolve_policy
     from slurmagent.safety.replay import history_path, load_history, replay, replay_diff, replay_table
 
+    check_path(args.history, "any", "history")
+    if args.history.is_dir() and (args.history / SWEEP_HISTORY).exists():
+        check_path(args.history / SWEEP_HISTORY, "file", "history")
+    if args.policy is not None and (args.policy.suffix in (".yaml", ".yml") or os.path.lexists(args.policy)):
+        check_path(args.policy, "file", "--policy", PolicyError)  # a policy file (else a name in conf/policy)
     entries = load_history(args.history)
     sweep = history_path(args.history).parent
     policy = load_policy(args.policy) if args.policy else resolve_policy(sweep)
@@ -292,14 +379,14 @@ def add_parsers(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     ash.add_argument("--json", action="store_true")
 
     ap = sub.add_parser("approvals", help="list pending approvals")
-    ap.add_argument("--sweep", type=Path, default=None)
+    ap.add_argument("--sweep", type=Path, default=None, help="a sweep directory: its approvals")
     ap.add_argument("--all", action="store_true", help="also decided, executed and expired ones")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--run", action="store_true", help="run approved actions that have not run yet (as the owner)")
     for name in ("approve", "reject"):
         v = sub.add_parser(name, help=f"{name} a pending action as the calling user")
         v.add_argument("id")
-        v.add_argument("--sweep", type=Path, default=None)
+        v.add_argument("--sweep", type=Path, default=None, help="a sweep directory: its approvals")
         v.add_argument("--note", default=None, help="why (recorded in the audit log)")
 
     for name, helptext in (("pause", "stop automated actions (kill switch)"), ("resume", "lift the kill switch")):
@@ -312,7 +399,9 @@ def add_parsers(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 
     rp = sub.add_parser("replay", help="run a policy over a recorded history, executing nothing")
     rp.add_argument("history", type=Path, help="a sweep's history.jsonl (or the sweep directory)")
-    rp.add_argument("--policy", default=None, help="a name in conf/policy or a YAML path (default: the sweep's)")
+    rp.add_argument(
+        "--policy", type=Path, default=None, help="a name in conf/policy or a YAML path (default: the sweep's)"
+    )
     rp.add_argument("--json", action="store_true")
     rp.add_argument("--fail-on-change", action="store_true", help="exit 1 when a decision changes")
     return {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 from rich.table import Table
 
@@ -25,8 +26,8 @@ from slurmagent.slurm.syntax import seconds_to_slurm_time
 from slurmagent.supervise.views import terminal
 
 
-def plan_cli(overrides: list[str], as_json: bool = False) -> int:
-    cfg = compose(list(overrides))
+def plan_cli(overrides: list[str], as_json: bool = False, config_dir: Path | None = None) -> int:
+    cfg = compose(list(overrides), config_dir)
     spec = job_spec(spec_dict(cfg))
     site = site_conf(spec_dict(cfg, ("site",)).get("site"))
     budget = budget_conf(spec_dict(cfg, ("budget",)).get("budget"))

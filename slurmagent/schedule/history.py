@@ -8,13 +8,16 @@ Rows are keyed by the fingerprint of the task's work: the experiment and the ove
 change run time or memory, not the learning rate or the seed (`site.scheduling.ignore_in_fingerprint`).
 
 SQLite in the user's state directory by default; a site points `site.scheduling.history` at
-a shared file. Concurrent writers are safe (SQLite's own locking, a busy timeout).
+a shared file. Concurrent writers are safe (SQLite's own locking, a busy timeout). A history
+that cannot be opened or read (not a database, a directory, no permission) is a warning and
+an empty history — jobs are sized as without one; it never stops a plan or a launch.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Sequence
@@ -24,6 +27,8 @@ from typing import Any
 
 from slurmagent.safety.paths import state_dir
 from slurmagent.slurm.seam import JobUsage
+
+log = logging.getLogger(__name__)
 
 ENDED_STATES = frozenset({"COMPLETED", "TIMEOUT", "OUT_OF_MEMORY", "FAILED"})
 
@@ -137,6 +142,24 @@ class HistoryStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.problem = ""  # why the history cannot be read ("" = it can): then it reads as empty
+        try:
+            self._open()
+        except (OSError, sqlite3.Error) as exc:
+            self._unusable(exc)
+
+    def _unusable(self, exc: BaseException) -> None:
+        """Said once per store: what is wrong, and that jobs are sized as without history."""
+        if not self.problem:
+            self.problem = str(exc) or type(exc).__name__
+            log.warning(
+                "slurmagent: warning: the job history %s cannot be used (%s): sizing as without history; "
+                "fix or remove it, or point site.scheduling.history elsewhere",
+                self.path,
+                self.problem,
+            )
+
+    def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as db:
             db.execute(_SCHEMA)
@@ -164,13 +187,19 @@ class HistoryStore:
         return len(rows)
 
     def recent(self, fp: str, limit: int = 20) -> list[HistoryRow]:
-        """The fingerprint's rows, newest first."""
-        with self._connect() as db:
-            cur = db.execute(
-                f"SELECT {','.join(_COLUMNS)} FROM runs WHERE fingerprint = ? ORDER BY ended_at DESC LIMIT ?",
-                (fp, limit),
-            )
-            return [HistoryRow(*row) for row in cur.fetchall()]
+        """The fingerprint's rows, newest first; none when the history cannot be read (a warning)."""
+        if self.problem:
+            return []
+        try:
+            with self._connect() as db:
+                cur = db.execute(
+                    f"SELECT {','.join(_COLUMNS)} FROM runs WHERE fingerprint = ? ORDER BY ended_at DESC LIMIT ?",
+                    (fp, limit),
+                )
+                return [HistoryRow(*row) for row in cur.fetchall()]
+        except (OSError, sqlite3.Error) as exc:
+            self._unusable(exc)
+            return []
 
     def known(self, task_keys: Iterable[str]) -> set[str]:
         keys = list(task_keys)

@@ -67,11 +67,22 @@ OWNED = (
     "exclude",
     "signal",
     "requeue",
+    "no-requeue",
     "array",
     "output",
     "error",
     "job-name",
 )
+
+
+# the keys that set an owned option that is not a resources.* key of the same name
+OWNED_BY = {
+    "requeue": "recovery.requeue=true|false",
+    "no-requeue": "recovery.requeue=false",
+    "signal": "recovery.signal and recovery.signal_delay_s",
+    "gres": "resources.gpus and resources.gpu_type",
+    "ntasks-per-node": "resources.tasks_per_node",
+}
 
 
 def gres_string(res: ResourcesConf) -> str | None:
@@ -141,9 +152,10 @@ def _raw_flags(res: ResourcesConf) -> dict[str, str]:
     for key, value in res.extra.items():
         name = key.replace("_", "-")
         if name in OWNED:
+            where = OWNED_BY.get(name, "resources.*")
             raise ConfigError(
                 f"resources.extra.{key} duplicates a setting slurmagent owns; set it through "
-                f"resources.* (valid keys of resources.extra: {choices(SBATCH_EXTRA_OPTIONS)})"
+                f"{where} (valid keys of resources.extra: {choices(SBATCH_EXTRA_OPTIONS)})"
             )
         if name not in SBATCH_EXTRA_OPTIONS:
             raise ConfigError(
@@ -157,6 +169,11 @@ def safe_job_name(name: str) -> str:
     """A job name sbatch takes literally: letters, digits and _ . - (at most 64 characters)."""
     cleaned = re.sub(r"[^A-Za-z0-9_.\-]", "_", name)[:64]
     return cleaned or "slurmagent"
+
+
+def requeue_flag(recovery: RecoveryConf) -> str:
+    """--requeue (Slurm requeues the job on preemption or node failure) or --no-requeue."""
+    return "requeue" if recovery.requeue else "no-requeue"
 
 
 def signal_flag(recovery: RecoveryConf, batch_shell: bool) -> str:

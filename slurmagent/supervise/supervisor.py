@@ -65,6 +65,11 @@ def stderr_tail(state: SweepState, job_id: str, lines: int = STDERR_TAIL) -> str
     return ""
 
 
+# Slurm's reasons for a job to wait (squeue's REASON): stale, not a cause, once the job has ended
+WAITING_REASONS = ("BeginTime", "Priority", "Resources", "Dependency", "JobHeldUser", "JobHeldAdmin", "ReqNodeNotAvail",
+                   "QOSMaxJobsPerUserLimit", "AssocGrpJobsLimit", "PartitionTimeLimit", "Reservation")  # fmt: skip
+
+
 def failure_text(word: str, error: str, stderr: str) -> str:
     """A failed task's error: the exception first (`FAILED: RuntimeError: boom`), then its
     traceback once, without Python's `^^^^` markers, then what the job's stderr adds to it."""
@@ -76,7 +81,9 @@ def failure_text(word: str, error: str, stderr: str) -> str:
     head = raised.evidence.text if raised is not None else (lines[-1].strip() if lines else "")
     text = f"{word}: {head}" + ("\n" + "\n".join(lines) if lines and lines != [head] else "")
     seen = {line.strip() for line in clean_traceback(error)}
-    extra = [line for line in outside_tracebacks(stderr) if line.strip() and line.strip() not in seen]
+    # a tail may begin inside a traceback (no head to recognise it by): its frames are in `seen`
+    extra = [line for line in clean_traceback("\n".join(outside_tracebacks(stderr))) if line.strip() not in seen]
+    extra = [line for line in extra if line.strip()]
     if extra:
         text += "\nlast stderr lines:\n" + "\n".join(extra[-STDERR_TAIL:])
     return text
@@ -233,7 +240,8 @@ class Supervisor:
             if status.state not in ("COMPLETED", "EXITED") or seen >= 2:
                 word = status.state if status.state not in ("COMPLETED", "EXITED") else "FAILED"
                 task.state = word
-                why = f" ({status.reason})" if status.reason not in ("None", "") else ""
+                # an ended job's Reason is often the last it waited for (BeginTime after a requeue), not why it ended
+                why = f" ({status.reason})" if status.reason not in ("None", "", *WAITING_REASONS) else ""
                 exit_info = f", exit {status.exit_code}" if status.exit_code else ""
                 tail = "\n".join(clean_traceback(stderr_tail(state, job_id)))
                 task.error = f"{word}{why}{exit_info}, no result" + (f"; last stderr lines:\n{tail}" if tail else "")

@@ -54,6 +54,11 @@ def test_a_preempted_task_resumes_under_the_default_sweep_dir(fake: FakeSlurm, t
     assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] > 0, task["result"]
     # the requeued run wrote into the same task directory, not a new multirun/<now>
     assert [p.relative_to(home) for p in home.glob("multirun/*/*")] == [sweep.relative_to(home)]
+    # runs are numbered alike by the job (ctx.attempt) and by `logs` (was: "attempt 1" for both runs)
+    assert task["result"]["attempt"] == 2
+    logs = slurmagent(fake, home, "logs", str(sweep), "0", "--tail", "0").stdout
+    assert f"==> runs 1–2, job {job}, stdout:" in logs, logs
+    assert f"[slurmagent] task 0, run 1 (job {job})" in logs and f"task 0, run 2 (job {job}, requeued 1x)" in logs
 
 
 def test_a_shared_checkpoint_dir_gives_each_task_its_own_directory(fake: FakeSlurm, tmp_path: Path) -> None:
@@ -94,3 +99,32 @@ def test_a_checkpoint_dir_whose_parent_is_missing_is_refused_and_nothing_is_crea
     local = slurmagent(fake, home, "+experiment=synthetic", "cluster=local", f"checkpoint.dir={missing}")
     assert local.returncode == 2 and "does not exist" in local.stderr, local.stderr
     assert not missing.parent.exists()
+
+
+def test_max_attempts_counts_submissions_not_slurms_requeues(fake: FakeSlurm, tmp_path: Path) -> None:
+    """recovery.max_attempts bounds the submissions of a task (the first and recovery's
+    resubmissions); Slurm's own requeues of a preempted job are not attempts: a task preempted
+    twice under max_attempts=1 still completes, in one submission of three runs."""
+    home = tmp_path / "home"
+    home.mkdir()
+    launcher = start(fake, home, *SYNTHETIC, "-m", "synthetic.steps=120", "synthetic.step_time_s=0.05",
+                     "recovery.max_attempts=1")  # fmt: skip
+    sweep = default_sweep(home)
+    job = job_of(sweep)
+    for restarts in (0, 1):
+        fake.wait(job, ("RUNNING",))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            lines = (
+                (sweep / "0" / "metrics.jsonl").read_text().splitlines()
+                if (sweep / "0" / "metrics.jsonl").exists()
+                else []
+            )
+            if len(lines) >= 10 * (restarts + 1):
+                break
+            time.sleep(0.05)
+        fake.preempt(job)
+    finish(launcher)
+    (task,) = sweep_state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 2, task
+    assert task["result"]["attempt"] == 3 and task["result"]["digest"] == digest(120)

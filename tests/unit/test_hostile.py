@@ -5,14 +5,21 @@ parsing (job specs, sbatch flags, the safety policy), `slurmagent render` and th
 submission path (submitit's sbatch script, built from our flags; and one real sweep on the
 local backend), and checks that nothing outside the test's directory changed. A static
 test fails if `shell=True`, `os.system` or another shell entry point appears in the package.
+Every path argument of every command (found from the parsers), given a file, a missing or
+unreadable path or a symlink loop, refuses it in one line (exit 2) and writes nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
+import contextlib
+import io
+import json
 import os
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +29,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
 
+from slurmagent import cli
 from slurmagent.config import LauncherConf, job_spec
 from slurmagent.errors import ConfigError, PolicyError, SlurmAgentError
 from slurmagent.launch.backend import slurm_parameters
@@ -252,3 +260,204 @@ def test_no_shell_in_the_package() -> None:
     # and the words themselves, which a call through getattr or a string would still need
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in files}
     assert [name for name, text in texts.items() if "shell=True" in text or "os.system" in text] == []
+
+
+# -- every path argument of every command ------------------------------------------------------
+# Found, not listed: each subcommand's positional or option with type=Path (cli._parser, the
+# safety commands included). Given a regular file, a missing path, a symlink loop, a directory
+# or file it may not read, or a missing path with a hostile name, a command says so in one
+# line on stderr and exits 2, writing nothing — or accepts it because it is valid: a missing
+# output directory is made (render -o, report -o); a file is an audit log to verify.
+
+
+def path_arguments() -> list[tuple[tuple[str, ...], argparse.Action]]:
+    parser, _ = cli._parser()
+    found: list[tuple[tuple[str, ...], argparse.Action]] = []
+
+    def walk(p: argparse.ArgumentParser, words: tuple[str, ...]) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, (*words, name))
+            elif action.type is Path:
+                found.append((words, action))
+
+    walk(parser, ())
+    return found
+
+
+PATH_ARGS = path_arguments()
+OUTPUTS = {"output"}  # directories a command writes into (made when missing)
+FILES_ARE_INPUT = {("audit", "verify")}  # a file is what it checks: a non-log file gets a verdict (exit 1)
+
+
+def arg_id(item: tuple[tuple[str, ...], argparse.Action]) -> str:
+    words, action = item
+    return " ".join([*words, action.option_strings[-1] if action.option_strings else action.dest])
+
+
+def argv_for(words: tuple[str, ...], action: argparse.Action, bad: str, sweep: Path) -> list[str]:
+    """The command with `bad` for `action`; every other required argument valid (a sweep)."""
+    parser, _ = cli._parser()
+    sub: argparse.ArgumentParser = parser
+    for word in words:
+        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+    argv = list(words)
+    for other in sub._actions:
+        if other.option_strings or isinstance(other, argparse._SubParsersAction):
+            continue
+        if other.dest == action.dest:
+            argv += ["--", bad] if bad.startswith("-") else [bad]  # a name like an option, as a shell user writes it
+        elif other.type is Path:
+            argv.append(str(sweep))
+        elif other.nargs is None:
+            argv.append("x")  # an approval id
+    if action.option_strings:
+        argv.append(f"{action.option_strings[0]}={bad}")
+    return argv
+
+
+@pytest.fixture()
+def paths_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A valid sweep (sweep.json, an empty history) and the bad paths, in the working directory."""
+    from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
+
+    box = tmp_path / "box"
+    box.mkdir()
+    monkeypatch.chdir(box)
+    monkeypatch.setenv("SLURMAGENT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("SLURMAGENT_APPROVALS_DIR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["slurmagent"])
+    sweep = box / "sweep"
+    SweepStore(sweep).create(SweepState(str(sweep), "local", str(sweep / ".submitit"), 1.0, [TaskRecord(0, ["x=1"])]))
+    (sweep / "history.jsonl").write_text("")
+    (box / "file").write_text("not what it should be\n")
+    (box / "loop").symlink_to("loop")
+    for name, kind in (("locked-dir", "dir"), ("locked-file", "file")):
+        if kind == "dir":  # readable, it would be a sweep
+            (box / name).mkdir()
+            (box / name / "sweep.json").write_text((sweep / "sweep.json").read_text())
+        else:
+            (box / name).write_text((sweep / "sweep.json").read_text())
+        (box / name).chmod(0)
+    yield box
+    for name in ("locked-dir", "locked-file"):
+        (box / name).chmod(0o700)
+
+
+def run_cli(argv: list[str]) -> dict[str, object]:
+    out, err = io.StringIO(), io.StringIO()
+    code: object
+    tb = ""
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:
+            code, tb = None, traceback.format_exc()
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue(), "tb": tb}
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, float]]:
+    return tree(root.parent)
+
+
+def check_refused(argv: list[str], got: dict[str, object], bad: str) -> None:
+    err = str(got["err"]).strip()
+    assert not got["tb"], f"{argv}: {got['tb']}"
+    assert got["code"] == 2, f"{argv}: exit {got['code']}; {err or got['out']}"
+    assert len(err.splitlines()) == 1 and err.startswith("slurmagent: error:"), f"{argv}: {err!r}"
+    named = {bad, repr(bad), str(Path(bad)), repr(str(Path(bad)))}  # as given, or as a path normalises it
+    assert any(n in err for n in named), f"{argv}: the message does not name {bad!r}: {err}"
+
+
+VARIANTS = ("file", "missing", "loop")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("item", PATH_ARGS, ids=arg_id)
+def test_every_path_argument_refuses_a_bad_path_in_one_line(
+    paths_box: Path, item: tuple[tuple[str, ...], argparse.Action], variant: str
+) -> None:
+    words, action = item
+    argv = argv_for(words, action, variant, paths_box / "sweep")
+    before = snapshot(paths_box)
+    got = run_cli(argv)
+    if variant == "missing" and action.dest in OUTPUTS:  # made: that is what the command is for
+        assert got["code"] == 0 and (paths_box / "missing").is_dir(), got
+        return
+    if variant == "file" and words in FILES_ARE_INPUT:
+        assert not got["tb"] and got["code"] in (1, 2) and len(str(got["err"]).splitlines()) <= 1, got
+    else:
+        check_refused(argv, got, variant)
+    assert snapshot(paths_box) == before, f"{argv} wrote something"
+
+
+@FAST
+@given(name=HOSTILE)
+def test_a_missing_path_with_a_hostile_name_is_one_line_for_every_path_argument(paths_box: Path, name: str) -> None:
+    assume("\x00" not in name and not any(0xD800 <= ord(c) <= 0xDFFF for c in name))  # no argv holds these
+    assume(not (paths_box / name).exists() and not os.path.lexists(paths_box / name) and name.strip("./"))
+    before = snapshot(paths_box)
+    for words, action in PATH_ARGS:
+        if action.dest in OUTPUTS:
+            continue  # a missing output directory is made: test_render's hostile tests cover those
+        if words == ("doctor",) and cli.JOB_ID.fullmatch(name):
+            continue  # a job id
+        argv = argv_for(words, action, name, paths_box / "sweep")
+        got = run_cli(argv)
+        policy_name = "/" not in name and not name.endswith((".yaml", ".yml"))
+        if words == ("replay",) and action.dest == "policy" and policy_name:
+            assert not got["tb"] and got["code"] == 2 and "not in conf/policy" in str(got["err"]), got  # a name
+            continue
+        check_refused(argv, got, name)
+    assert snapshot(paths_box) == before
+
+
+# Root reads whatever the file modes say: a child gives up that power for good (its capability
+# bounding set loses CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH; the exec then drops them), and runs
+# the commands; exit 77 when this root may not drop them (no CAP_SETPCAP).
+WITHOUT_DAC = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for cap in (1, 2):
+    if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+        print(f"cannot drop capability {cap}: {os.strerror(ctypes.get_errno())}")
+        sys.exit(77)
+os.execv(sys.executable, [sys.executable, "-c", sys.argv[1]])
+"""
+DRIVER = """
+import json, sys
+from tests.unit.test_hostile import run_cli
+print(json.dumps([run_cli(argv) for argv in json.load(sys.stdin)]))
+"""
+
+
+@pytest.mark.parametrize("variant", ["locked-dir", "locked-file"])
+def test_every_path_argument_refuses_what_it_may_not_read(paths_box: Path, variant: str) -> None:
+    """Unreadable paths (mode 000). Tests run as root here, whom file modes do not stop: the
+    commands then run in a child process without root's power to override them (its capability
+    bounding set drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH), so the refusal is real."""
+    cases = [(words, action, argv_for(words, action, variant, paths_box / "sweep")) for words, action in PATH_ARGS]
+    before = snapshot(paths_box)
+    if os.geteuid() == 0:
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        proc = subprocess.run(
+            [sys.executable, "-c", WITHOUT_DAC, DRIVER],
+            input=json.dumps([argv for *_, argv in cases]),
+            capture_output=True,
+            text=True,
+            cwd=paths_box,
+            env={**os.environ, "PYTHONPATH": path},
+            timeout=300,
+        )
+        if proc.returncode == 77:
+            pytest.skip(f"root that cannot give up reading every file ({proc.stdout.strip()}): no unreadable path")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results = json.loads(proc.stdout.splitlines()[-1])
+    else:
+        results = [run_cli(argv) for *_, argv in cases]
+    for (*_, argv), got in zip(cases, results, strict=True):
+        check_refused(argv, got, variant)  # a log it cannot read gets no verdict either
+    assert snapshot(paths_box) == before

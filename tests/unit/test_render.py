@@ -88,3 +88,23 @@ def test_hostile_directive_values_are_refused(tmp_path: Path, bad: str) -> None:
     with pytest.raises(ConfigError, match="contains characters sbatch cannot take"):
         render([bad], tmp_path / "run")
     assert not (tmp_path / "run" / "job.sbatch").exists()
+
+
+def test_requeue_can_be_turned_off_and_extra_points_at_the_key() -> None:
+    """Was: no documented way to turn off --requeue; `+resources.extra.requeue=0` said "set it
+    through resources.*", which has no such key."""
+    import pytest
+
+    from slurmagent.config import LauncherConf, job_spec
+    from slurmagent.errors import ConfigError
+    from slurmagent.launch.backend import slurm_parameters
+    from slurmagent.slurm.sbatch import sbatch_flags
+
+    on = job_spec({"task": {"target": "a:b"}})
+    off = job_spec({"task": {"target": "a:b"}, "recovery": {"requeue": False}})
+    launcher = LauncherConf()
+    assert slurm_parameters(on, launcher, 1, "x")["additional_parameters"]["requeue"] is True
+    extra = slurm_parameters(off, launcher, 1, "x")["additional_parameters"]
+    assert extra["no-requeue"] is True and "requeue" not in extra
+    with pytest.raises(ConfigError, match=r"resources.extra.requeue .* set it through recovery.requeue=true\|false"):
+        sbatch_flags(job_spec({"task": {"target": "a:b"}, "resources": {"extra": {"requeue": "0"}}}).resources)

@@ -53,3 +53,11 @@ def test_a_native_crash_names_its_signal() -> None:
     d = diagnose("FAILED", {"stderr": "srun: error: t4-1: task 0: Segmentation fault\n"})
     assert d.cause == "crash" and not d.retryable
     assert "SIGSEGV (signal 11)" in d.summary and "PYTHONFAULTHANDLER=1" in d.suggestion
+
+
+def test_a_stderr_tail_that_begins_inside_the_traceback_adds_no_markers() -> None:
+    tail = "\n".join(STDERR.splitlines()[-15:])  # what stderr_tail reads: the traceback's head cut off
+    error = failure_text("FAILED", RESULT, tail)
+    assert "^^^" not in error and error.split("last stderr lines:\n")[1].splitlines() == [
+        "srun: error: a100-1: task 0: Exited with exit code 1"
+    ], error

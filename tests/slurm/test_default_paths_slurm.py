@@ -1,0 +1,258 @@
+"""The default-path set: run as a user runs, on the real cluster. From a fresh directory that is
+not the checkout, no `hydra.sweep.dir` (Hydra's `multirun/${now:…}`), no `checkpoint.dir`, no
+`cluster=` (the default `auto` finds Slurm), the README's commands and the user's own module:
+(a) a grid task preempted with `scontrol requeue`, (b) a search trial requeued mid-rung, (c) a
+detached sweep whose task is requeued, (d) a task that crashes and one whose process is killed
+with SIGKILL. Each ends as a user expects: resumed bit-identically, or the user's exception
+named in `status` and `doctor SWEEP`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fault_cases import wait_for
+
+pytestmark = pytest.mark.slurm
+
+POLL = ("hydra.launcher.poll_interval_s=1", "hydra.launcher.max_poll_interval_s=2")
+
+
+def digest(steps: int) -> str:
+    d = hashlib.sha256(b"start").hexdigest()
+    for step in range(steps):
+        d = hashlib.sha256(f"{d}:{step}".encode()).hexdigest()
+    return d
+
+
+@pytest.fixture()
+def home(tmp_path: Path, project_root: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    assert project_root not in home.parents
+    return home
+
+
+def user_env() -> dict[str, str]:
+    return dict(os.environ)  # SLURM_CONF points at the test cluster: cluster=auto finds Slurm
+
+
+def start(home: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurmagent", *args],
+        cwd=home,
+        env=user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def cli(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurmagent", *args],
+        cwd=home,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def the_sweep(home: Path) -> Path:
+    """The sweep Hydra's default sweep dir made under `home`."""
+
+    def found() -> Path | None:
+        sweeps = [p for p in home.glob("multirun/*/*") if (p / "sweep.json").is_file()]
+        return sweeps[0] if len(sweeps) == 1 else None
+
+    return wait_for(found, "the sweep under multirun/", 120)  # type: ignore[no-any-return]
+
+
+def state(sweep: Path) -> dict[str, Any]:
+    try:
+        return json.loads((sweep / "sweep.json").read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return {"tasks": []}
+
+
+def running_job(sweep: Path, task: int, min_lines: int = 3) -> str:
+    """The job of `task` once it runs and has reported `min_lines` metrics lines."""
+
+    def ready() -> str | None:
+        tasks = state(sweep)["tasks"]
+        if len(tasks) <= task or not tasks[task]["attempts"]:
+            return None
+        metrics = sweep / str(task) / "metrics.jsonl"
+        lines = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+        return str(tasks[task]["attempts"][-1]["job_id"]) if lines >= min_lines else None
+
+    return wait_for(ready, f"task {task} running", 180)  # type: ignore[no-any-return]
+
+
+def requeue(job: str) -> None:
+    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, text=True, timeout=60)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 420) -> tuple[int, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, out + err
+
+
+def test_a_preempted_grid_task_resumes_bit_identically(home: Path, tmp_path: Path) -> None:
+    """(a) The README's digits sweep; task 0 requeued mid-run. Was: the requeued run failed on
+    `${now:…}` (UnsupportedInterpolationType) — every cluster test passed hydra.sweep.dir."""
+    args = ("+experiment=digits_mlp", "-m", "optim.lr=1e-3,1e-2", "train.step_delay_s=0.05", *POLL)
+    launcher = start(home, *args)
+    sweep = the_sweep(home)
+    requeue(running_job(sweep, 0, min_lines=60))
+    code, out = finish(launcher)
+    assert code == 0, out
+    tasks = state(sweep)["tasks"]
+    assert all(t["state"] == "COMPLETED" for t in tasks), tasks
+    resumed = tasks[0]["result"]
+    assert tasks[0]["attempts"][0]["restarts"] >= 1 and resumed["resumed_from"], tasks[0]
+    # the same task uninterrupted, on this machine: the same weights, bit for bit
+    ref_home = tmp_path / "reference"
+    ref_home.mkdir()
+    ref = cli(ref_home, "+experiment=digits_mlp", "-m", "optim.lr=1e-3", "cluster=local", *POLL)
+    assert ref.returncode == 0, ref.stderr
+    (reference,) = state(the_sweep(ref_home))["tasks"]
+    assert resumed["state_hash"] == reference["result"]["state_hash"], (resumed, reference["result"])
+    assert resumed["val_acc"] == reference["result"]["val_acc"]
+
+
+def test_a_search_trial_requeued_mid_rung_resumes_exactly(home: Path) -> None:
+    """(b) A search under the default sweep dir; its first trial's job requeued mid-rung."""
+    launcher = start(
+        home,
+        "+experiment=synthetic",
+        "hydra/sweeper=slurmagent_hpo",
+        "-m",
+        "synthetic.x=interval(0,1)",
+        "hpo.fidelity.key=synthetic.epochs",
+        "hpo.fidelity.max=9",
+        "synthetic.steps_per_epoch=3",
+        "synthetic.step_time_s=0.3",
+        "hpo.budget.trials=3",
+        "hpo.max_parallel=3",
+        *POLL,
+    )
+    sweep = the_sweep(home)
+    job = running_job(sweep, 0, min_lines=2)  # inside rung 1 (3 steps of 0.3 s)
+    requeue(job)
+    code, out = finish(launcher)
+    assert code == 0, out
+    trials = json.loads((sweep / "hpo" / "trials.json").read_text())["trials"]
+    (task0,) = [t for t in state(sweep)["tasks"] if t["index"] == 0]
+    assert task0["attempts"][0]["restarts"] >= 1, task0  # really requeued, and not counted as a new attempt
+    for trial in trials:
+        lines = (sweep / str(trial["trial"]) / "metrics.jsonl").read_text().splitlines()
+        epochs = [int(r["epoch"]) for r in map(json.loads, lines) if "epoch" in r]
+        assert epochs == list(range(1, trial["epochs"] + 1)), (trial, epochs)  # each epoch once
+    result = task0["result"]
+    assert result["digest"] == digest(result["epoch"] * 3), result  # every step exactly once
+
+
+def test_a_detached_sweeps_requeued_task_resumes_and_the_sweep_finishes(home: Path) -> None:
+    """(c) `--detach` with the default supervisor (a Slurm job); a task requeued mid-run."""
+    out = cli(home, "+experiment=synthetic", "-m", "synthetic.steps=60,40", "synthetic.step_time_s=0.2",
+              "checkpoint.every_steps=10", "--detach")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    sweep = the_sweep(home)
+    requeue(running_job(sweep, 0, min_lines=5))
+    wait_for(lambda: state(sweep).get("finished_at"), "the detached supervisor to finish the sweep", 300, 1)
+    tasks = state(sweep)["tasks"]
+    assert [t["state"] for t in tasks] == ["COMPLETED", "COMPLETED"], tasks
+    assert tasks[0]["attempts"][0]["restarts"] >= 1 and tasks[0]["result"]["resumed_from"], tasks[0]
+    assert [t["result"]["digest"] for t in tasks] == [digest(60), digest(40)]
+
+
+CRASHING = """
+from slurmagent.runtime import StepLoop, current
+
+
+class State:
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def train(cfg):
+    loop = StepLoop(current(), State(), total_steps=20)
+    for step in loop:
+        if step == 5:
+            raise RuntimeError("boom at step 5")
+        loop.report(loss=1.0 / (step + 1))
+"""
+
+
+def test_a_crash_is_named_in_the_users_words(home: Path) -> None:
+    """(d) The user's own module raises: `status`, `doctor SWEEP` and the launcher name the
+    RuntimeError (was: "srun: error: …: Exited with exit code 1 … fix the error shown")."""
+    (home / "mytrain.py").write_text(CRASHING)
+    run = cli(home, "-m", "task.target=mytrain:train", *POLL)
+    assert run.returncode == 1, run.stderr
+    sweep = the_sweep(home)
+    assert "RuntimeError: boom at step 5" in run.stderr and "^^^^" not in run.stderr, run.stderr
+    assert run.stderr.count('raise RuntimeError("boom at step 5")') == 1, run.stderr  # the traceback once
+    status = cli(home, "status", str(sweep), "--json")
+    (task,) = json.loads(status.stdout)["tasks"]
+    line = CRASHING.splitlines().index('            raise RuntimeError("boom at step 5")') + 1
+    assert (
+        task["diagnosis"]["summary"] == f"The task raised RuntimeError: boom at step 5 at mytrain.py:{line} in train."
+    )
+    table = cli(home, "status", str(sweep)).stdout
+    assert "RuntimeError: boom at step 5" in table and "Exited with exit code" not in table, table
+    doctor = cli(home, "doctor", str(sweep))
+    assert doctor.returncode == 1 and "The task raised RuntimeError: boom at step 5" in doctor.stdout, doctor.stdout
+
+
+def training_pid(sweep: Path) -> int:
+    """The task's Python process (the one srun started), found by the sweep's folder in its argv."""
+    folder = str(sweep / ".submitit")
+
+    def find() -> int | None:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            words = [a.decode(errors="replace") for a in argv]
+            if "slurmagent.job.boot" in words and folder in words and "python" in Path(words[0]).name:
+                return int(proc.name)
+        return None
+
+    return wait_for(find, "the training process", 60)  # type: ignore[no-any-return]
+
+
+def test_a_training_process_killed_by_sigkill_is_resumed(home: Path) -> None:
+    """(d′) kill -9 of the training process: not the user's crash. It is resubmitted through the
+    gate, resumes from its checkpoint and ends bit-identical (was: "crash … Not retried")."""
+    launcher = start(home, "+experiment=synthetic", "-m", "synthetic.steps=80", "synthetic.step_time_s=0.2",
+                     "checkpoint.every_steps=5", *POLL)  # fmt: skip
+    sweep = the_sweep(home)
+    running_job(sweep, 0, min_lines=12)
+    os.kill(training_pid(sweep), signal.SIGKILL)
+    code, out = finish(launcher)
+    assert code == 0, out
+    (task,) = state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2, task
+    assert task["diagnosis"]["cause"] == "killed", task["diagnosis"]
+    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10, task["result"]
+    audit = [json.loads(x) for x in (sweep / "audit.jsonl").read_text().splitlines()]
+    assert ("outcome", "resubmit", "allow") in [(r["type"], r["action"], r["decision"]) for r in audit], audit
