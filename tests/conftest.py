@@ -13,6 +13,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "tests" / "cluster" / "slurm-cluster"
 PG_SCRIPT = ROOT / "tests" / "pg-server"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# the per-user state every test run writes (the user's audit log, the sweep index, the job
+# history) goes into a directory of this run, never into the real ~/.local/state/slurmagent
+os.environ.setdefault("SLURMAGENT_STATE_DIR", tempfile.mkdtemp(prefix="slurmagent-tests-state-"))
 
 
 @pytest.fixture(scope="session")

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmagent.errors import SweepStateError
+from slurmagent.files import atomic_write
 from slurmagent.safety.paths import state_dir
 from slurmagent.supervise.state import STATE_FILE, SweepStore
 
 INDEX_FILE = "sweeps.jsonl"
+INDEX_KEEP = 1000  # past this many lines the index keeps its newest entries whose sweeps still exist
 HYDRA_SWEEPS = "multirun"  # conf/config.yaml: hydra.sweep.dir=multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}
 
 
@@ -39,8 +41,20 @@ def record_sweep(sweep_dir: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as fh:  # one short line: appended whole
             fh.write(line)
+            size = fh.tell()
+        if size > INDEX_KEEP * 2 * len(line):  # grown well past the cap: keep the newest that exist
+            _compact(path)
     except OSError:
         pass
+
+
+def _compact(path: Path) -> None:
+    """Rewrite the index with its newest INDEX_KEEP entries whose sweeps still exist (atomically:
+    a reader sees the old file or the new one; an append racing the rewrite may be lost, which
+    costs only that entry)."""
+    kept = [(d, at) for d, at in _indexed() if (d / STATE_FILE).is_file()][-INDEX_KEEP:]
+    body = "".join(json.dumps({"dir": str(d), "at": at}) + "\n" for d, at in kept)
+    atomic_write(path, body.encode())
 
 
 @dataclass(frozen=True)

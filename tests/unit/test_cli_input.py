@@ -298,3 +298,17 @@ def test_a_history_store_that_cannot_be_read_reads_as_empty(tmp_path: Path, capl
 def test_status_of_a_file_is_one_line(tmp_path: Path) -> None:
     code, _, err = run("status", "/etc/passwd")
     assert code == 2 and "sweep directory /etc/passwd is a file, not a directory" in one_error_line(err)
+
+
+def test_the_sweep_index_does_not_grow_without_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmagent.launch import index
+
+    monkeypatch.setenv("SLURMAGENT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(index, "INDEX_KEEP", 5)
+    live = tmp_path / "live"
+    live.mkdir()
+    (live / "sweep.json").write_text("{}")
+    for i in range(40):
+        index.record_sweep(live if i % 2 else tmp_path / f"gone-{i}")
+    lines = index.index_path().read_text().splitlines()
+    assert len(lines) < 40 and all("gone" not in line for line in lines[: len(lines) - 10]), lines
