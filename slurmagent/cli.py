@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slurmagent.commands import slurmagent_command
 from slurmagent.errors import ConfigError, SlurmAgentError, SweepStateError
 from slurmagent.safety import cli as safety_cli
 from slurmagent.safety.cli import check_output_dir, check_path, shown_path
@@ -443,7 +444,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             print(f"task {t.index} ({t.state}): " + (", ".join(str(p) for _, p in files) or "no log yet"))
         if len(state.tasks) > args.rows:
             print(f"… {len(state.tasks) - args.rows} more task(s) (--rows)")
-        print(f"one task's logs: slurmagent logs {args.sweep_dir} TASK [--follow]")
+        print(f"one task's logs: {slurmagent_command('logs', args.sweep_dir)} TASK [--follow]")
         return EXIT_OK
     task = next((t for t in state.tasks if t.index == args.task), None)
     if task is None:

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from slurmagent.commands import slurmagent_command
 from slurmagent.errors import ApprovalError, AuditError, PolicyError, SlurmAgentError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -148,7 +149,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         raise AuditError(f"{path}: no such audit log") from None
     except ValueError as exc:
-        raise AuditError(f"{args.path} has a record that is not JSON ({exc}); run `slurmagent audit verify`") from None
+        check = slurmagent_command("audit", "verify", path)
+        raise AuditError(f"{path} has a record that is not JSON ({exc}); run `{check}`") from None
     since = parse_since(args.since) if args.since else None
     rows = filter_records(records, args.job, args.action, args.decision, since)
     if args.json:
@@ -223,7 +225,7 @@ def _approved_gate(store: Any, request: Any) -> Any:
 
 def _report(out: Any) -> int:
     if out.held:
-        print(f"held: {out.decision.rule}; it runs after `slurmagent resume`")
+        print(f"held: {out.decision.rule}; it runs after `{slurmagent_command('resume')}`")
     elif out.executed:
         print(f"executed: {json.dumps(out.result, default=str)}")
     elif out.result.get("error"):
@@ -318,7 +320,8 @@ def cmd_switch(args: argparse.Namespace) -> int:
     what = f"sweep {args.sweep}" if args.sweep is not None else "every sweep of this user"
     if args.cmd == "pause":
         path = pause(args.sweep, args.reason or "")
-        print(f"paused automated actions of {what} ({path}); running jobs keep running; `slurmagent resume` lifts it")
+        lift = slurmagent_command("resume", *(["--sweep", args.sweep] if args.sweep is not None else []))
+        print(f"paused automated actions of {what} ({path}); running jobs keep running; `{lift}` lifts it")
         return EXIT_OK
     removed = resume(args.sweep)
     print(f"resumed {what} ({removed})" if removed else f"{what} was not paused")

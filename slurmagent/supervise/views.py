@@ -239,7 +239,8 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
         waiting = sum(t.state == "WAITING" for t in state.tasks)
         captions.insert(0, f"{waiting} task(s) wait: {state.held_back}; submitted as earlier ones end")
     if len(state.tasks) > max_rows:
-        captions.insert(0, f"{len(state.tasks) - max_rows} more rows; `slurmagent status --json` lists all")
+        every = slurmagent_command("status", state.sweep_dir, "--json")
+        captions.insert(0, f"{len(state.tasks) - max_rows} more rows; `{every}` lists all")
     table.caption = "; ".join(captions)
     return table
 

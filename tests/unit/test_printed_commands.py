@@ -127,3 +127,17 @@ def test_config_flags_are_kept_long_and_absolute(tmp_path: Path) -> None:
     assert config_flags(argv, tmp_path) == [
         "--config-dir", str(tmp_path / "conf"), "--config-name", "train", "--config-path", "cfgs",
     ]  # fmt: skip
+
+
+def test_the_kill_switchs_printed_command_lifts_it(home: Path) -> None:
+    sweep = home / "a sweep"
+    sweep.mkdir()
+    env = {**user_env(), "SLURMAGENT_STATE_DIR": str(home / "state")}
+    paused = subprocess.run([sys.executable, "-m", "slurmagent", "pause", "--sweep", str(sweep)], cwd=home, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert paused.returncode == 0, paused.stderr
+    lift = re.search(r"`([^`]+)` lifts it", paused.stdout)
+    assert lift is not None, paused.stdout
+    ran = subprocess.run(["bash", "-c", lift.group(1)], cwd=home.parent / "elsewhere", env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert ran.returncode == 0 and "resumed sweep" in ran.stdout, ran.stdout + ran.stderr
