@@ -5,7 +5,9 @@
   pure). Slurm ending the job (preemption requeues it itself) → nothing to do; the time
   limit near → requeue, at most `recovery.max_time_limit_requeues` times per Slurm job,
   then fail with a sentence the supervisor turns into a resubmission with more time; a
-  signal with time to spare → requeue.
+  signal with time to spare → requeue. A requeue that is not done (Slurm refuses it for a
+  `--no-requeue` job, the policy or the kill switch holds it) ends the job with a sentence
+  the diagnosis knows (`time_limit`, `requeue_failed`), so recovery resubmits it.
 - `reason="health"`: the runtime health check found this node CRITICAL → requeue the job
   and exclude this node from its next run (`requeue_elsewhere`).
 
@@ -231,13 +233,21 @@ def _decide(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf, slurm
     outcome = job_gate(ctx, slurm).request(action)
     if outcome.executed:
         log.warning("stopped at step %d: %s", stop.step, reason_text)
-    else:
-        log.warning(
-            "stopped at step %d: requeue not done (%s: %s); the checkpoint stays for a later run",
-            stop.step,
-            outcome.decision.verdict,
-            outcome.result.get("error") or outcome.decision.rule,
+        return
+    # not requeued (Slurm refused: a --no-requeue job, recovery.requeue=false; the policy; the kill
+    # switch): the job ends here, and says why in words the supervisor's diagnosis knows, so that
+    # recovery resubmits it to resume from the checkpoint (was: "crash", no error message, not retried)
+    verdict = "held by the kill switch" if outcome.held else outcome.decision.verdict
+    why_not = f"{verdict}: {outcome.result.get('error') or outcome.decision.rule}"
+    if why == "time_limit":
+        raise TaskFailedError(
+            f"slurmagent: time limit near ({left} left) and the requeue was not done ({why_not}); "
+            f"checkpoint at step {stop.step}: resubmit with a longer time"
         )
+    raise TaskFailedError(
+        f"slurmagent: stopped by signal {stop.signum} with {left or 'unknown'} left and the requeue was not done "
+        f"({why_not}); checkpoint at step {stop.step}: resubmit to resume from it"
+    )
 
 
 def requeue_elsewhere(ctx: JobContext, slurm: SlurmCLI) -> dict[str, Any]:

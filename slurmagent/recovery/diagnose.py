@@ -94,6 +94,20 @@ RULES: tuple[Rule, ...] = (
         "resubmit with a longer time limit (resources.time) within the partition's limit",
     ),
     _r(
+        "time_limit",
+        r"slurmagent: time limit near \(([^)]*) left\) and the requeue was not done \(([^\n]*)\); checkpoint",
+        True,
+        "The job stopped at its time limit's warning ({g1} left) and could not requeue itself ({g2}).",
+        "resubmit with a longer time limit (resources.time); it resumes from the stop checkpoint",
+    ),
+    _r(
+        "requeue_failed",
+        r"slurmagent: stopped by signal (\d+) [^\n]*and the requeue was not done \(([^\n]*)\); checkpoint",
+        True,
+        "The job stopped on signal {g1} with a checkpoint and could not requeue itself ({g2}).",
+        "resubmit: it resumes from the stop checkpoint",
+    ),
+    _r(
         "early_stop_signal",
         r"srun: error: \S+: task \d+: User defined signal [12]",
         True,

@@ -29,7 +29,7 @@ from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI
 from slurmagent.slurm.syntax import split_hostlist
-from slurmagent.supervise.state import SweepState, TaskRecord
+from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 from slurmagent.supervise.submission import WAITING, Submitter, close_intent, drop_intent, open_intent
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class Recoverer:
         if task.state in NODE_FAILURE_STATES and state.backend == "slurm" and self._requeued_by_slurm(task):
             return  # not a new attempt: the next poll sees the requeue and excludes the node
         logs = collect_logs(state, task)
-        diag = diagnose(task.state, logs)
+        diag = _after_node_failure(diagnose(task.state, logs), attempt, state.suspect_nodes)
         task.diagnosis = diag.to_json()
         if diag.cause in NODE_SUSPECT_CAUSES:
             for node in filter(None, attempt.nodes.split(",")):
@@ -331,12 +331,22 @@ class Recoverer:
         return True
 
     def requeued_after_node_failure(
-        self, state: SweepState, task: TaskRecord, runs: tuple[tuple[str, str], ...], job_state: str
+        self,
+        state: SweepState,
+        task: TaskRecord,
+        runs: tuple[tuple[str, str], ...],
+        job_state: str,
+        job_nodes: str = "",
     ) -> None:
         """Slurm requeued the task's job by itself after `runs` (state, nodes) ended: a run
-        lost to a failed node marks that node suspect in the sweep state, and while the job
-        still waits, the node is excluded from it (and taken out of a node list it was pinned
-        to) with `scontrol update`, through the gate. The job keeps its id and its checkpoint."""
+        lost to a failed node marks that node suspect in the sweep state and excludes it from
+        the task, through the gate. While the requeued job still waits (PENDING: Slurm holds a
+        requeued job ~10 s) the exclusion is made in place with `scontrol update` (and the node
+        is taken out of a node list the job was pinned to); the job keeps its id and its
+        checkpoint. Slurm changes no running job's ExcNodeList: a job the supervisor finds
+        running again (`job_nodes`) — elsewhere, or on the failed node itself once Slurm took it
+        back into service — is left running, and the exclusion goes into the task's spec, for
+        its resubmissions; the audit record and the log say where the job runs."""
         failed = ",".join(nodes for st, nodes in runs if st in NODE_FAILURE_STATES and split_hostlist(nodes))
         if not failed or task.job_id is None:
             return
@@ -344,7 +354,7 @@ class Recoverer:
         task.diagnosis = diag.to_json()
         for node in split_hostlist(failed):
             state.suspect_nodes[node] = state.suspect_nodes.get(node, 0) + 1
-        if not state.spec_of(task) or job_state != "PENDING":
+        if not state.spec_of(task):
             log.warning("task %d: node %s failed; Slurm requeued the job (now %s)", task.index, failed, job_state)
             return
         spec = job_spec(state.spec_of(task), require_task=False)
@@ -352,18 +362,35 @@ class Recoverer:
         params: dict[str, Any] = {"exclude": resources.exclude}
         if any(k.startswith("extra.") for k in changes):  # it was pinned there: unpin (ReqNodeList)
             params["nodelist"] = resources.extra.get("nodelist", "")
-        executors = {"exclude_node": standalone_executors(self.sweep_dir, self.slurm)["exclude_node"]}
+        in_place = job_state == "PENDING"
+        if in_place:
+            executors = {"exclude_node": standalone_executors(self.sweep_dir, self.slurm)["exclude_node"]}
+            reason = f"node_failure on {failed}: Slurm requeued the job; exclude {resources.exclude} from it"
+        else:
+            where = _where_it_runs(job_state, job_nodes, failed)
+            reason = (
+                f"node_failure on {failed}: Slurm requeued the job and it {where}; Slurm excludes no node from a job "
+                f"that is not pending: it is left running, and {resources.exclude} is excluded from the task's "
+                "resubmissions"
+            )
+            params["in_place"] = False
+
+            def spec_only(action: Action) -> dict[str, Any]:
+                return {"excluded": resources.exclude, "job": action.target, "in_place": False, "job_nodes": job_nodes}
+
+            executors = {"exclude_node": spec_only}
         out = Gate(self.audit, executors, job=task.job_id).request(
             Action(
                 "exclude_node",
                 task.job_id,
-                f"node_failure on {failed}: Slurm requeued the job; exclude {resources.exclude} from it",
+                reason,
                 params=params,
                 evidence=diag.evidence,
                 metrics_before={
                     "state": job_state,
                     "attempt": len(task.attempts),
                     "nodes": failed,
+                    "job_nodes": job_nodes,
                     "cause": diag.cause,
                 },
                 context={"attempt": len(task.attempts), "cause": diag.cause, "source": "recovery"},
@@ -371,13 +398,48 @@ class Recoverer:
         )
         if out.executed:
             task.spec_id = state.add_spec(dataclasses.asdict(dataclasses.replace(spec, resources=resources)))
-            log.warning(
-                "task %d: node %s failed; its requeued job %s now excludes %s",
-                task.index,
-                failed,
-                task.job_id,
-                resources.exclude,
-            )
+            if in_place:
+                log.warning(
+                    "task %d: node %s failed; its requeued job %s now excludes %s",
+                    task.index,
+                    failed,
+                    task.job_id,
+                    resources.exclude,
+                )
+            else:
+                log.warning("task %d: job %s: %s", task.index, task.job_id, reason)
+
+
+def _after_node_failure(diag: Diagnosis, attempt: Attempt, suspect_nodes: dict[str, int]) -> Diagnosis:
+    """A run SIGKILLed on a node that failed earlier in the sweep, after Slurm requeued the job
+    from it: say so. Seen on the test cluster (issue 19, 11a): while the node was down,
+    slurmctld queued a step signal for the job's earlier run (REQUEST_SIGNAL_TASKS, retried
+    every 60 s); the node came back, the requeued job (same id, same step 0) started there, and
+    the retry killed the new run's step — `srun: … task 0: Killed`, the job FAILED with its stale
+    BeginTime reason and no record of ours. Slurm's race; the task is resubmitted as any killed
+    one, away from the node (requeued_after_node_failure excluded it from its resubmissions)."""
+    nodes = [n for n in split_hostlist(attempt.nodes) if n in suspect_nodes]
+    if diag.cause != "killed" or not attempt.restarts or not nodes:
+        return diag
+    where = ",".join(nodes)
+    note = (
+        f" It ran on {where} after Slurm had requeued it from that node's failure: a signal Slurm queued for "
+        "the job's earlier run while the node was down can reach the requeued run there (a Slurm race)."
+    )
+    evidence = Evidence(
+        "sweep", 0, f"{where} failed earlier in this sweep; run {attempt.restarts + 1} of the job ran there"
+    )
+    return dataclasses.replace(diag, summary=diag.summary + note, evidence=[*diag.evidence, evidence])
+
+
+def _where_it_runs(job_state: str, job_nodes: str, failed: str) -> str:
+    """Where a job Slurm requeued after a node failure is now, in words for the audit log."""
+    if job_state not in ("RUNNING", "COMPLETING"):
+        return f"is {job_state or 'in an unknown state'} already"
+    nodes = split_hostlist(job_nodes)
+    if set(nodes) & set(split_hostlist(failed)):
+        return f"already runs again on {job_nodes}, the failed node, which Slurm took back into service"
+    return f"already runs again on {job_nodes or 'another node'}"
 
 
 def diagnosis_from_json(raw: dict[str, Any]) -> Diagnosis:

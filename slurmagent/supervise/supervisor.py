@@ -171,7 +171,7 @@ class Supervisor:
                 status = statuses.get(task.job_id or "")
                 if status is not None and status.restarts > restarts_before:  # Slurm requeued it
                     runs = status.earlier[restarts_before:]
-                    self.recoverer.requeued_after_node_failure(state, task, runs, status.state)
+                    self.recoverer.requeued_after_node_failure(state, task, runs, status.state, status.nodes)
                 ended += task.done
                 if task.done and task.state != "COMPLETED":
                     self.recoverer.handle(state, task)  # may resubmit it as its next attempt

@@ -171,6 +171,32 @@ def wait_for(probe: Callable[[], Any], what: str, timeout: float, interval: floa
     raise InjectionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def training_pids(submitit_folder: Path, job_id: str) -> list[int]:
+    """The training processes of Slurm job `job_id` ("123", or an array task "123_4"): the
+    python that srun started, `slurmagent.job.boot FOLDER` in its argv, told apart from the
+    sweep's other tasks by its SLURM_* environment (readable by root or the job's user)."""
+    array_job, _, array_task = job_id.partition("_")
+    want = {"SLURM_ARRAY_JOB_ID": array_job, "SLURM_ARRAY_TASK_ID": array_task} if array_task else {}
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            words = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
+            if "slurmagent.job.boot" not in words or str(submitit_folder) not in words:
+                continue
+            environ = dict(
+                e.decode(errors="replace").partition("=")[::2] for e in (proc / "environ").read_bytes().split(b"\0")
+            )
+        except OSError:
+            continue
+        if "python" not in Path(words[0]).name:
+            continue
+        if (want and all(environ.get(k) == v for k, v in want.items())) or environ.get("SLURM_JOB_ID") == job_id:
+            found.append(int(proc.name))
+    return found
+
+
 def sweep_state(sweep: Path) -> dict[str, Any]:
     """sweep.json as it is now; no tasks while it is not written yet (or mid-replace)."""
     try:
@@ -397,7 +423,10 @@ def small_disk(run: Run) -> Iterator[None]:
 
 
 def disk_ckpt_dir(run: Run) -> Path:
-    return run.dir / "small-fs" / "ckpt"
+    """The task's own directory under the row's checkpoint.dir (runtime/env.py: DIR/<sweep>/<task>)."""
+    from slurmagent.runtime.env import sweep_key
+
+    return run.dir / "small-fs" / "ckpt" / sweep_key(run.sweep) / "0"
 
 
 def fill_disk(run: Run) -> None:
