@@ -719,6 +719,18 @@ def unknown_command(word: str) -> str:
     )
 
 
+def _path_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Every path-typed argument of every subcommand."""
+    found: list[argparse.Action] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _path_actions(sub)
+        elif action.type is Path:
+            found.append(action)
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in HELP_WORDS:
@@ -734,6 +746,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in SUBCOMMANDS:
         parser, handlers = _parser()
         ns = parser.parse_args(args)
+        for action in _path_actions(parser):
+            # argparse drops a value of `--`: `--config-dir=--` arrives as [] instead of a path
+            if isinstance(getattr(ns, action.dest, None), list) and action.nargs is None:
+                flag = action.option_strings[0] if action.option_strings else action.dest
+                print(f"slurmagent: error: {flag} needs a path (got '--')", file=sys.stderr)
+                return EXIT_BAD_INPUT
         try:
             return handlers[ns.cmd](ns)
         except SlurmAgentError as exc:

@@ -312,3 +312,13 @@ def test_the_sweep_index_does_not_grow_without_bound(tmp_path: Path, monkeypatch
         index.record_sweep(live if i % 2 else tmp_path / f"gone-{i}")
     lines = index.index_path().read_text().splitlines()
     assert len(lines) < 40 and all("gone" not in line for line in lines[: len(lines) - 10]), lines
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+def test_a_path_option_given_a_bare_double_dash_is_one_line(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse hands `--config-dir=--` over as [] (found by the property test in CI)."""
+    from slurmagent.cli import main
+
+    assert main([command, "--config-dir=--"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "slurmagent: error: --config-dir needs a path (got '--')", err
