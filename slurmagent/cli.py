@@ -222,14 +222,15 @@ def cmd_sweeps(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
 
-    from slurmagent.launch.backend import SubmititSubmitter
-    from slurmagent.supervise.lead import Lead
-    from slurmagent.supervise.state import SweepStore
-    from slurmagent.supervise.supervisor import Supervisor
-    from slurmagent.supervise.views import health_note, runs, sweep_table, terminal
+    from slurmagent.supervise.state import SweepStore, task_json
+    from slurmagent.supervise.views import Summary, health_note, runs, started, sweep_table, terminal
 
     _sweep(args)
     if args.refresh:  # one poll, by the sweep's supervisor's rules: only when none acts on it now
+        from slurmagent.launch.backend import SubmititSubmitter
+        from slurmagent.supervise.lead import Lead
+        from slurmagent.supervise.supervisor import Supervisor
+
         lead = Lead(args.sweep_dir, "status --refresh")
         if lead.take():
             try:
@@ -238,33 +239,34 @@ def cmd_status(args: argparse.Namespace) -> int:
                 lead.release()
         else:
             print(f"slurmagent: {lead.describe_holder()} supervises this sweep; sweep.json is current", file=sys.stderr)
-    state = SweepStore(args.sweep_dir).load()
-    if args.json:
-        out = {
-            "sweep_dir": state.sweep_dir,
-            "backend": state.backend,
-            "counts": state.counts(),
-            "done": state.done,
-            "tasks": [
-                {
-                    "index": t.index,
-                    "overrides": t.overrides,
-                    "state": t.state,
-                    "runs": runs(t),
-                    "job_id": t.job_id,
-                    "attempts": [a.__dict__ for a in t.attempts],
-                    "result": t.result,
-                    "error": t.error,
-                    "diagnosis": t.diagnosis,
-                    "health": health_note(state, t) or None,
-                }
-                for t in state.tasks
-            ],
-            "schedule": state.schedule,
-        }
-        print(json.dumps(out, indent=1, default=str))
+    # each task's index and state only; whole records for the rows shown (or, --json, one at a time)
+    scan = SweepStore(args.sweep_dir).scan()
+    state = scan.state
+    if args.json:  # streamed: one task per line, never the whole sweep as one string
+        out = sys.stdout
+        head = {"sweep_dir": state.sweep_dir, "backend": state.backend, "counts": scan.counts(), "done": scan.done}
+        out.write("{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in head.items()) + ' "tasks": [')
+        ran = started(state.sweep_dir)
+        for n, t in enumerate(scan.tasks()):
+            task = {
+                "index": t.index,
+                "overrides": t.overrides,
+                "state": t.state,
+                "runs": runs(t),
+                "job_id": t.job_id,
+                "attempts": task_json(t)["attempts"],
+                "result": t.result,
+                "error": t.error,
+                "diagnosis": t.diagnosis,
+                "health": (health_note(state, t) or None) if t.index in ran else None,
+            }
+            out.write(("\n  " if n == 0 else ",\n  ") + json.dumps(task, default=str))
+        out.write(("\n ]" if scan.total else "]") + f',\n "schedule": {json.dumps(state.schedule, default=str)}\n}}\n')
     else:
-        terminal().print(sweep_table(state, max_rows=args.rows))
+        state.tasks = scan.page(args.rows)
+        common = frozenset(scan.common_overrides()).intersection(*(t.overrides for t in state.tasks))
+        summary = Summary(scan.counts(), scan.total, common, scan.indices)
+        terminal().print(sweep_table(state, max_rows=args.rows, summary=summary))
     return EXIT_OK
 
 
@@ -307,7 +309,14 @@ def cmd_supervise(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from slurmagent.schedule.cli import plan_cli
 
-    return plan_cli(args.overrides, as_json=args.json, config_dir=args.config_dir)
+    return plan_cli(
+        args.overrides,
+        as_json=args.json,
+        config_dir=args.config_dir,
+        multirun=args.multirun,
+        config_name=args.config_name,
+        config_path=args.config_path,
+    )
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -575,11 +584,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Nam
         "plan",
         "show what a job would ask Slurm for, and why: GPU type, partition, time, memory, start, cost",
         "Example: slurmagent plan +experiment=digits_mlp resources.gpus=1 resources.gpu_type=auto resources.time=auto\n"
-        "A table of candidates (GPU type, partition, memory fit, predicted run time, Slurm's predicted start from\n"
-        "`sbatch --test-only`, cost) and the choice; nothing is submitted.",
+        "Takes the launcher's arguments (-cd, -cn, -cp, -m with a sweep's values: each distinct job planned once).\n"
+        "A table of candidates (GPU type, partition, GPU memory, predicted run time, --time, Slurm's predicted start\n"
+        "from `sbatch --test-only`, GPU-h and cost on one basis) and the choice; nothing is submitted.",
     )
-    pl.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m slurmagent")
+    # the launcher's arguments, flags anywhere among the overrides (schedule/cli.py reads those after the first)
+    pl.add_argument("overrides", nargs=argparse.REMAINDER, help="what python -m slurmagent takes: Hydra overrides")
     pl.add_argument("--config-dir", "-cd", type=Path, default=None, help=config_dir_help)
+    pl.add_argument("--config-name", "-cn", default=None, help="the primary config's name, as for the launcher")
+    pl.add_argument("--config-path", "-cp", default=None, help="the primary config's path, as for the launcher")
+    pl.add_argument("--multirun", "-m", action="store_true", help="a sweep: plan each distinct job of it once")
+    pl.add_argument("--detach", "-d", action="store_true", help="accepted as the launcher does; the plan is the same")
     pl.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
     r = command(
         "render",

@@ -3,6 +3,8 @@ one source of truth for sbatch flags."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import shlex
 import uuid
 from dataclasses import asdict
@@ -15,7 +17,7 @@ from submitit.slurm.slurm import SlurmJob
 
 from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
-from slurmagent.job.boot import place_pickle, staged_pickle
+from slurmagent.job.boot import staged_pickle
 from slurmagent.job.runner import SweepRunner, TaskPayload
 from slurmagent.slurm.sbatch import requeue_flag, sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
@@ -99,6 +101,8 @@ class SubmititSubmitter:
             )
             for t in tasks
         ]
+        if isinstance(executor, SeamSlurmExecutor):  # ids only: no submitit Job object per task
+            return executor.submit_tasks(runner, payloads)
         return [str(job.job_id) for job in executor.map_array(runner, payloads)]
 
 
@@ -133,18 +137,30 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
         self._set_job_permissions(job.paths.folder)
         return job
 
+    def submit_tasks(self, fn: Any, args: list[Any]) -> list[str]:
+        """`map_array(fn, args)`'s submission, returning the job ids in the tasks' order."""
+        return self._submit([DelayedSubmission(fn, a) for a in args])
+
     def _internal_process_submissions(self, delayed: list[DelayedSubmission]) -> list[submitit.Job[Any]]:
+        ids = self._submit(delayed)
+        if len(ids) == 1:
+            return [self.job_class(folder=self.folder, job_id=ids[0], tasks=list(range(self._num_tasks())))]
+        tasks = list(range(self._num_tasks()))
+        return [SlurmJob(folder=self.folder, job_id=job_id, tasks=tasks) for job_id in ids]
+
+    def _submit(self, delayed: list[DelayedSubmission]) -> list[str]:
         """One sbatch for all (an array when more than one). Each task's pickle is staged under
         a name its job derives from the command line and its array index, and moved to the
         job's own name after sbatch answers — or by the job itself (job/boot.py) if the
-        launcher died in between, so a submission found again by `reconcile` still runs."""
+        launcher died in between, so a submission found again by `reconcile` still runs.
+        Per task: one pickle written, one rename (the cost of an array is linear in its tasks)."""
         staging = JobPaths.get_first_id_independent_folder(self.folder)
         staging.mkdir(parents=True, exist_ok=True)
         uid = uuid.uuid4().hex
         pickles = [staged_pickle(staging, uid, index) for index in range(len(delayed))]
         for d, path in zip(delayed, pickles, strict=True):
             d.set_timeout(self.parameters.get("time", 5), self.max_num_timeout)
-            d.dump(path)
+            _dump(d, path)
         if len(delayed) > 1:
             self.parameters["map_count"] = len(delayed)
         try:
@@ -155,15 +171,38 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
             raise
         finally:
             self.parameters.pop("map_count", None)
-        jobs: list[submitit.Job[Any]] = [first]
-        if len(delayed) > 1:
-            tasks = list(range(first.num_tasks))
-            jobs = [
-                SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=tasks) for i in range(len(delayed))
-            ]
-        for job, path in zip(jobs, pickles, strict=True):
-            place_pickle(path, job.paths.submitted_pickle)
-        return jobs
+        own = str(first.job_id)
+        ids = [own] if len(delayed) == 1 else [f"{own}_{i}" for i in range(len(delayed))]
+        folders: set[Path] = set()
+        for job_id, path in zip(ids, pickles, strict=True):
+            submitted = JobPaths(self.folder, job_id=job_id).submitted_pickle
+            if submitted.parent not in folders:  # one folder for all, unless the folder names the job
+                submitted.parent.mkdir(parents=True, exist_ok=True)
+                folders.add(submitted.parent)
+            _place(path, submitted)
+        return ids
+
+
+def _dump(delayed: DelayedSubmission, path: Path) -> None:
+    """A task's pickle. A sweep's task (our runner, our payload: importable by reference) with
+    the standard pickler — the bytes submitit's cloudpickle writes for it, at half the cost;
+    anything else as submitit does (cloudpickle pickles what `__main__` defines by value)."""
+    if not isinstance(delayed.function, SweepRunner):
+        delayed.dump(path)
+        return
+    data = pickle.dumps(delayed, protocol=pickle.HIGHEST_PROTOCOL)
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def _place(staged: Path, submitted: Path) -> None:
+    """job/boot.py's place_pickle, its folder made once per array: the launcher and the job
+    both try, and whichever comes second finds it done."""
+    try:
+        os.rename(staged, submitted)
+    except FileNotFoundError:
+        if not submitted.exists():
+            raise
 
 
 def make_executor(

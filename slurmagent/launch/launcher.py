@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, overload
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, setup_globals
@@ -104,6 +104,45 @@ class Checked:
     max_array: int
     schedule: dict[str, Any] = dataclasses.field(default_factory=dict)  # SweepState.schedule
     urgent: bool = False  # resources.priority=urgent, allowed by the policy: recorded through the gate
+
+
+def _distinct(specs: Sequence[JobSpec]) -> list[JobSpec]:
+    """The distinct spec objects of a sweep (its tasks share a few: see `ArrayLauncher._specs`)."""
+    return list({id(s): s for s in specs}.values())
+
+
+def _as_list(overrides: Sequence[str]) -> list[str]:
+    """A task's overrides as a list: Hydra's own list (never changed), not a copy per task."""
+    return overrides if isinstance(overrides, list) else list(overrides)
+
+
+class DetachedReturns(Sequence[JobReturn]):
+    """What Hydra gets for the tasks of a detached sweep: each submitted, its result to come.
+    Made when Hydra asks for one, not one object per task held for the sweep's size."""
+
+    def __init__(self, records: list[TaskRecord]) -> None:
+        self._records = records
+        self._cfg = OmegaConf.create({})
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @overload
+    def __getitem__(self, i: int) -> JobReturn: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[JobReturn]: ...
+
+    def __getitem__(self, i: int | slice) -> JobReturn | Sequence[JobReturn]:
+        if isinstance(i, slice):
+            return [self._one(r) for r in self._records[i]]
+        return self._one(self._records[i])
+
+    def _one(self, task: TaskRecord) -> JobReturn:
+        ret = JobReturn(overrides=task.overrides, status=JobStatus.COMPLETED)
+        ret.cfg = self._cfg
+        ret.return_value = None
+        return ret
 
 
 class ArrayLauncher:
@@ -199,7 +238,7 @@ class ArrayLauncher:
                 f"{exc}{'' if 'nothing was submitted' in str(exc) else '; nothing was submitted'}"
             ) from None
         if info is not None:
-            for spec in {spec_key(s.resources): s for s in specs}.values():
+            for spec in {spec_key(s.resources): s for s in _distinct(specs)}.values():
                 try:
                     check_fits(spec.resources, info)
                 except ConfigError as exc:
@@ -264,7 +303,7 @@ class ArrayLauncher:
         budget = budget_conf(spec_dict(self.config, ("budget",)).get("budget"))
         capped = bool(budget.gpu_hours or budget.cost or budget.user_month_gpu_hours)
         mapped = any(p.partition or p.qos for p in site.priorities.values())
-        if not (capped or mapped or any(auto_keys(s.resources) for s in specs)):
+        if not (capped or mapped or any(auto_keys(s.resources) for s in _distinct(specs))):
             return specs, {}
         history = HistoryStore(default_history_path(site.scheduling.history))
         experiment = self._job_name()
@@ -331,12 +370,14 @@ class ArrayLauncher:
         ctx_path = sweep_dir / ".slurmagent" / f"context-{initial_job_idx}.pkl"
         write_context(ctx_path, self.hydra_context, self.task_function, config, Singleton.get_state())
         name = self._job_name()
+        # one key per distinct spec object (tasks share them: a 100,000-task sweep has a handful)
+        keys = {id(s): spec_key(s) for s in _distinct(specs)}
         # no job_overrides: an empty sweep with the checked specs (a search adds its trials later)
         records = [
-            TaskRecord(initial_job_idx + i, list(overrides), state=WAITING, spec_id=spec_key(spec))
+            TaskRecord(initial_job_idx + i, _as_list(overrides), state=WAITING, spec_id=keys[id(spec)])
             for i, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=bool(job_overrides)))
         ]
-        distinct = {spec_key(s): s for s in specs}
+        distinct = {keys[id(s)]: s for s in _distinct(specs)}
 
         ids: dict[str, str] = {}
 
@@ -372,7 +413,7 @@ class ArrayLauncher:
         store, records, _ = self.open_sweep(checked, job_overrides, initial_job_idx)
         out = self.submit_and_supervise(checked, store)
         if out is None:  # detached
-            return [self._detached_return(task) for task in records]
+            return DetachedReturns(records)
         state, results = out
         mine = {r.index for r in records}  # this batch's tasks (a sweep may have several batches)
         return [self._job_return(task, results.get(task.index)) for task in state.tasks if task.index in mine]
@@ -385,7 +426,7 @@ class ArrayLauncher:
         backend, max_array = checked.backend, checked.max_array
         t0 = time.monotonic()
         submitter = SubmititSubmitter(self.slurm)
-        with store.edit() as state:
+        with store.edit() as state:  # each array's intent and job ids: appended to the state's journal
             report = submit_waiting(
                 state, lambda: store.write(state), submitter, self.slurm if backend == "slurm" else None, max_array
             )
@@ -411,7 +452,7 @@ class ArrayLauncher:
             )
 
         if conf.detach:
-            where = start_detached(store.load(), conf, self.slurm, specs[0].resources.account)
+            where = start_detached(store.view(), conf, self.slurm, specs[0].resources.account)
             self._print_follow(console, sweep_dir, f"detached: the sweep is supervised by {where}")
             return None
 
@@ -423,6 +464,7 @@ class ArrayLauncher:
                 conf.max_poll_interval_s,
                 console,
                 submit=submitter,
+                store=store,  # the state this launcher holds already: not read again
             )
             state = sup.wait(role="launcher")
         except KeyboardInterrupt:
@@ -466,14 +508,6 @@ class ArrayLauncher:
     def _print_follow(console: Console, sweep_dir: Path, head: str) -> None:
         lines = [head, "follow it with:", *(f"  {c}" for c in follow_commands(sweep_dir))]
         console.print("\n".join(f"[slurmagent] {line}" for line in lines), markup=False, highlight=False)
-
-    @staticmethod
-    def _detached_return(task: TaskRecord) -> JobReturn:
-        """What Hydra gets for a task of a detached sweep: it was submitted (its result comes later)."""
-        ret = JobReturn(overrides=task.overrides, status=JobStatus.COMPLETED)
-        ret.cfg = OmegaConf.create({})
-        ret.return_value = None
-        return ret
 
     def _job_name(self) -> str:
         """What squeue and sacct show: the experiment (+experiment=NAME), else the app's name."""

@@ -82,6 +82,7 @@ def open_intent(state: SweepState, tasks: list[TaskRecord], attempt: int) -> dic
         "pid": os.getpid(),
     }
     state.submissions.append(intent)
+    state.touch(tasks, intent)
     return intent
 
 
@@ -89,6 +90,7 @@ def drop_intent(state: SweepState, intent: dict[str, Any]) -> None:
     """Nothing was submitted (refused, denied, held)."""
     if intent in state.submissions:
         state.submissions.remove(intent)
+        state.touch(intent=intent)
 
 
 def close_intent(state: SweepState, tasks: list[TaskRecord], ids: list[str], intent: dict[str, Any] | None) -> None:
@@ -103,6 +105,7 @@ def close_intent(state: SweepState, tasks: list[TaskRecord], ids: list[str], int
         state.array_ids.append(own)
     if intent is not None:
         intent.update(job_id=own, state="submitted")
+    state.touch(tasks, intent)
 
 
 def submit_recorded(
@@ -248,6 +251,7 @@ def submit_waiting(
                     break
                 for t in (*part, *tasks):
                     t.state, t.error = REFUSED, f"{REFUSED}: {message}"
+                state.touch((*part, *tasks))
                 report.refused, report.refused_tasks = message, report.refused_tasks + len(part) + len(tasks)
                 log.error("sbatch refused %d task(s): %s", len(part) + len(tasks), message)
                 persist()

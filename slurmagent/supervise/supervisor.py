@@ -113,8 +113,10 @@ class Supervisor:
         console: Console | None = None,
         sleep: Callable[[float], None] = time.sleep,
         submit: Submitter | None = None,
+        store: SweepStore | None = None,
     ) -> None:
-        self.store = SweepStore(sweep_dir)
+        # the launcher hands in its own store (the state it holds is not read again)
+        self.store = store if store is not None else SweepStore(sweep_dir)
         self.slurm = slurm or SlurmCLI()
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
@@ -251,7 +253,7 @@ class Supervisor:
 
     # -- waiting ----------------------------------------------------------------------
     def table(self, state: SweepState | None = None) -> Table:
-        return sweep_table(state or self.store.load())
+        return sweep_table(state or self.store.view())
 
     def wait(
         self,
@@ -281,7 +283,7 @@ class Supervisor:
                             f"[sweep] {what or 'supervising it now (' + role + ')'}", markup=False, highlight=False
                         )
                     changed = self.poll_once() if leading else False
-                    state = self.store.load()
+                    state = self.store.view()  # what changed since the last poll read (by this one, or the lead)
                     changed |= state.counts() != last_counts
                     if live:
                         view.update(self.table(state), refresh=True)

@@ -4,10 +4,13 @@ the results as rows. `slurmagent status`, `watch`, `logs` and `results` print th
 
 from __future__ import annotations
 
+import heapq
 import json
+import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -123,15 +126,36 @@ def health_note(state: SweepState, task: TaskRecord) -> str:
     return f"{where} {stop.get('node', '?')} at step {stop.get('step', '?')} (health CRITICAL: {why})"
 
 
-def summary_line(state: SweepState) -> str:
-    counts = state.counts()
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {len(state.tasks)})"
+@dataclass(frozen=True)
+class Summary:
+    """What the table says of every task, when `state.tasks` holds only the rows shown
+    (`status` of a large sweep reads no more: supervise/state.py's SweepScan)."""
+
+    counts: dict[str, int]  # tasks by state
+    total: int  # tasks in the sweep
+    common: frozenset[str]  # overrides every task has (not shown per row)
+    indices: list[int]  # every task's index (the in-loop caption reads their files)
+
+
+def summarize(state: SweepState) -> Summary:
+    common = set.intersection(*(set(t.overrides) for t in state.tasks)) if len(state.tasks) > 1 else set()
+    return Summary(state.counts(), len(state.tasks), frozenset(common), [t.index for t in state.tasks])
+
+
+def summary_line(state: SweepState, summary: Summary | None = None) -> str:
+    counts = summary.counts if summary is not None else state.counts()
+    total = summary.total if summary is not None else len(state.tasks)
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f" (of {total})"
 
 
 def adapt_records(state: SweepState, task: TaskRecord) -> list[dict[str, Any]]:
     """The in-loop controller's records of a task (runtime/adapt.py: adapt.jsonl)."""
+    return _adapt_records(Path(state.sweep_dir) / str(task.index) / TaskFile.ADAPT)
+
+
+def _adapt_records(path: Path) -> list[dict[str, Any]]:
     try:
-        lines = (task_dir(state, task) / TaskFile.ADAPT).read_text().splitlines()
+        lines = path.read_text().splitlines()
     except OSError:
         return []
     out = []
@@ -145,12 +169,24 @@ def adapt_records(state: SweepState, task: TaskRecord) -> list[dict[str, Any]]:
     return out
 
 
-def adapt_line(state: SweepState, most: int = 4) -> str:
+def started(sweep_dir: str | Path) -> set[int]:
+    """The tasks that have a directory of their own yet (they started): one listing."""
+    try:
+        with os.scandir(sweep_dir) as entries:
+            return {int(e.name) for e in entries if e.name.isdigit() and e.is_dir()}
+    except OSError:
+        return set()
+
+
+def adapt_line(state: SweepState, most: int = 4, indices: list[int] | None = None) -> str:
     """In-loop interventions in one line: per task, what was applied (and where) and what was
     refused, e.g. `in-loop: task 3 decay_lr at step 33, restart_schedule at step 120; 1 denied`."""
     parts = []
-    for task in state.tasks:
-        records = adapt_records(state, task)
+    ran = started(state.sweep_dir)
+    for index in indices if indices is not None else [t.index for t in state.tasks]:
+        if index not in ran:
+            continue
+        records = _adapt_records(Path(state.sweep_dir) / str(index) / TaskFile.ADAPT)
         if not records:
             continue
         applied = [f"{r.get('kind')} at step {r.get('step')}" for r in records if r.get("applied")]
@@ -160,7 +196,7 @@ def adapt_line(state: SweepState, most: int = 4) -> str:
             note += f"; {refused} refused by the gate"
         if any(r.get("decision") == "capped" for r in records):
             note += "; capped"
-        parts.append(f"task {task.index} {note}")
+        parts.append(f"task {index} {note}")
     if not parts:
         return ""
     more = f" (+{len(parts) - most} more tasks)" if len(parts) > most else ""
@@ -200,16 +236,19 @@ def _short(value: Any) -> str:
     return text if len(text) < 48 else text[:45] + "..."
 
 
-def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
-    common = set.intersection(*(set(t.overrides) for t in state.tasks)) if len(state.tasks) > 1 else set()
+def sweep_table(state: SweepState, max_rows: int = 40, summary: Summary | None = None) -> Table:
+    """The sweep as a table: unfinished tasks first, by index, `max_rows` of them. With a
+    `summary`, `state.tasks` holds only the rows to show (status of a large sweep)."""
+    summary = summary if summary is not None else summarize(state)
+    common = summary.common
 
     def varying(overrides: list[str]) -> list[str]:
         return [o for o in overrides if o not in common]
 
-    table = Table(title=Text(f"sweep {state.sweep_dir} — {summary_line(state)}"))
+    table = Table(title=Text(f"sweep {state.sweep_dir} — {summary_line(state, summary)}"))
     for col in ("#", "job", "state", "runs", "overrides", "result / progress / reason"):
         table.add_column(col)
-    rows = sorted(state.tasks, key=lambda t: (t.state == "COMPLETED", t.index))[:max_rows]
+    rows = heapq.nsmallest(max(0, max_rows), state.tasks, key=lambda t: (t.state == "COMPLETED", t.index))
     for t in rows:
         if t.state == "COMPLETED":
             detail = _short(t.result)
@@ -230,17 +269,17 @@ def sweep_table(state: SweepState, max_rows: int = 40) -> Table:
     study = study_line(state.sweep_dir)
     if study:
         captions.insert(0, study)
-    adapted = adapt_line(state)
+    adapted = adapt_line(state, indices=summary.indices)
     if adapted:
         captions.insert(0, adapted)
     if schedule := schedule_note(state):
         captions.insert(0, schedule)
     if state.held_back:
-        waiting = sum(t.state == "WAITING" for t in state.tasks)
+        waiting = summary.counts.get("WAITING", 0)
         captions.insert(0, f"{waiting} task(s) wait: {state.held_back}; submitted as earlier ones end")
-    if len(state.tasks) > max_rows:
+    if summary.total > max_rows:
         every = slurmagent_command("status", state.sweep_dir, "--json")
-        captions.insert(0, f"{len(state.tasks) - max_rows} more rows; `{every}` lists all")
+        captions.insert(0, f"{summary.total - max_rows} more rows; `{every}` lists all")
     table.caption = "; ".join(captions)
     return table
 
@@ -419,7 +458,13 @@ def schedule_note(state: SweepState) -> str:
     caps = [f"{budget[k]:g} {unit}" for k, unit in (("gpu_hours", "GPU-h"), ("cost", "cost")) if budget.get(k)]
     spent = sched.get("spent")
     if caps or spent:
-        used = f"{spent['gpu_hours']:.3f} GPU-h, cost {spent['cost']:.2f}" if spent else "nothing measured yet"
+        from slurmagent.schedule.budget import SPENT_BASIS, Usage  # the one basis and format of GPU-h and cost
+
+        used = (
+            f"{Usage(spent['gpu_hours'], spent['cost']).describe()} ({SPENT_BASIS})"
+            if spent
+            else "nothing measured yet"
+        )
         parts.append(f"spent {used}" + (f" of budget {' / '.join(caps)}" if caps else ""))
     if sched.get("stopped"):
         parts.append(f"budget reached: {sched['stopped']}")

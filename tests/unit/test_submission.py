@@ -5,7 +5,12 @@ launcher's SubmititSubmitter builds submitit arrays; tests/fake and tests/slurm 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,7 +221,7 @@ def test_jobs_whose_launcher_died_right_after_sbatch_put_their_own_pickles_in_pl
 
     from slurmagent.launch import backend
 
-    monkeypatch.setattr(backend, "place_pickle", lambda staged, submitted: None)  # the launcher is gone here
+    monkeypatch.setattr(backend, "_place", lambda staged, submitted: None)  # the launcher is gone here
     executor = backend.SeamSlurmExecutor(tmp_path / "jobs", SlurmCLI(runner=fake), max_num_timeout=1)
     executor.update_parameters(partition="low", time=5)
     jobs = executor.map_array(abs, [-2 * i for i in range(tasks)])  # what the job can unpickle
@@ -266,3 +271,124 @@ def test_a_controller_down_past_the_retries_leaves_the_tasks_waiting(tmp_path: P
     fake.set_controller(True)  # back: the supervisor's next try submits them
     report = submit_waiting(state, lambda: None, ScriptSubmitter(slurm, tmp_path), slurm, max_array=10, user="me")
     assert report.submitted == 3 and not state.held_back
+
+
+# -- 30,000 tasks: a launcher killed between an array's intent and its sbatch, or right after ------------
+class ArraySlurm:
+    """A seam runner keeping each array whole, shared by processes through a JSON file: sbatch,
+    the squeue listings submission reads, sacctmgr (no limit), sinfo. (The fake Slurm keeps
+    every array task as a job, rewriting its state per command: right for tens of tasks, not
+    for 30,000.)"""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def arrays(self) -> list[dict[str, object]]:
+        return json.loads(self.path.read_text())["arrays"] if self.path.exists() else []
+
+    def __call__(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        out, arrays = "", self.arrays()
+        if argv[0] == "sbatch":
+            text = Path(argv[-1]).read_text()
+            size = re.search(r"--array=0-(\d+)", text)
+            comment = re.search(r"--comment=(\S+)", text)
+            own = str(100 + len(arrays))
+            arrays.append({"id": own, "n": int(size[1]) + 1 if size else 1, "comment": comment[1] if comment else ""})
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"arrays": arrays}))
+            os.replace(tmp, self.path)
+            out = f"{own}\n"
+        elif argv[0] == "squeue" and "%F|%k" in argv:
+            out = "".join(f"{a['id']}|{a['comment']}\n" for a in arrays)
+        elif argv[0] == "squeue":  # -r: one line per array task
+            field = "low" if "%P" in argv else None
+            out = "".join(f"{field or a['id']}\n" for a in arrays for _ in range(int(str(a["n"]))))
+        elif argv[0] == "sinfo":
+            out = "low*\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+class KilledSubmitter(ScriptSubmitter):
+    """The launcher's submitter, killed (SIGKILL, nothing cleaned up) at its `at`-th array:
+    before the sbatch (`when="before"`) or after it, before the job id is recorded."""
+
+    def __init__(self, slurm: SlurmCLI, folder: Path, at: int, when: str) -> None:
+        super().__init__(slurm, folder)
+        self.at, self.when = at, when
+
+    def __call__(
+        self, state: SweepState, tasks: list[TaskRecord], spec: JobSpec, attempt: int, comment: str
+    ) -> list[str]:
+        if self.calls + 1 == self.at and self.when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        ids = super().__call__(state, tasks, spec, attempt, comment)
+        if self.calls == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return ids
+
+
+LAUNCHER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.supervise.state import SweepStore
+from slurmagent.supervise.submission import submit_waiting
+from tests.unit.test_submission import ArraySlurm, KilledSubmitter
+slurm = SlurmCLI(runner=ArraySlurm(Path({slurm!r})))
+store = SweepStore({sweep!r})
+with store.edit() as state:
+    submit_waiting(state, lambda: store.write(state), KilledSubmitter(slurm, Path({sweep!r}), 8, {when!r}), slurm,
+                   max_array=1001, user="me")
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_launcher_killed_at_an_array_of_30000_tasks_orphans_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """30,000 tasks, arrays of 1,001: the launcher is killed at its 8th array, before its sbatch
+    or after it (the array is in Slurm, its job id nowhere). What it left on disk names every
+    job it submitted; the next supervisor finds the lost array by its marker (or, never
+    submitted, submits its tasks) and submits the rest: 30 arrays, each task in exactly one."""
+    from slurmagent.supervise import submission
+    from slurmagent.supervise.state import SweepStore
+
+    n, root = 30_000, Path(__file__).resolve().parents[2]
+    store = SweepStore(tmp_path)
+    store.create(sweep(tmp_path, n))
+    fake = ArraySlurm(tmp_path / "slurm.json")
+    script = LAUNCHER.format(root=str(root), slurm=str(fake.path), sweep=str(tmp_path), when=when)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = SweepStore(tmp_path).load()
+    submitted = fake.arrays()
+    assert len(submitted) == (7 if when == "before" else 8)
+    (lost,) = [i for i in left.submissions if i["state"] == "submitting"]
+    assert len(lost["tasks"]) == 1001 and not any(left.tasks[i].attempts for i in lost["tasks"])
+    recorded = {i["job_id"] for i in left.submissions if i["state"] == "submitted"}
+    assert recorded == {a["id"] for a in submitted[:7]} == set(left.array_ids)  # each one before the kill
+    assert sum(bool(t.attempts) for t in left.tasks) == 7 * 1001
+    if when == "after":  # the 8th is in Slurm, known only by its marker
+        assert submitted[7]["comment"] == lost["marker"]
+
+    # the next supervisor (watch, or the detached one); the dead launcher ran here and no sbatch
+    # runs here (another test's may: the scan is replaced), so it does not wait to reconcile
+    monkeypatch.setattr(submission, "command_running", lambda name: False)
+    slurm = SlurmCLI(runner=fake)
+    nxt = SweepStore(tmp_path)
+    with nxt.edit() as state:
+        report = submit_waiting(state, lambda: nxt.write(state), ScriptSubmitter(slurm, tmp_path), slurm, 1001, "me")
+    assert report.waiting == 0 and not report.refused
+    final = SweepStore(tmp_path).load()
+    arrays = fake.arrays()
+    assert len(arrays) == 30 == len({a["comment"] for a in arrays})  # ⌈30000/1001⌉, none twice
+    assert set(final.array_ids) == {a["id"] for a in arrays}  # every array in Slurm is the sweep's
+    assert all(len(t.attempts) == 1 and t.state == "PENDING" for t in final.tasks)
+    by_array: dict[str, list[int]] = {}
+    for t in final.tasks:
+        own, _, k = str(t.job_id).partition("_")
+        by_array.setdefault(own, []).append(int(k))
+    assert {own: len(ks) for own, ks in by_array.items()} == {str(a["id"]): a["n"] for a in arrays}
+    assert all(sorted(ks) == list(range(len(ks))) for ks in by_array.values())
+    assert [i["state"] for i in final.submissions] == ["submitted"] * 30
