@@ -33,7 +33,7 @@ from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.distributed import rendezvous_env
 from slurmagent.runtime.env import JobEnv, TaskFile, check_checkpoint_dir, task_checkpoint_dir
-from slurmagent.runtime.loop import StopForRequeue
+from slurmagent.runtime.loop import StopForRequeue, record_host_peak
 from slurmagent.runtime.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
 from slurmagent.slurm.seam import SlurmCLI
 
@@ -130,6 +130,9 @@ def run_task(cfg: DictConfig) -> Any:
                 return task(cfg)
             except (ConfigAttributeError, ConfigKeyError) as exc:
                 raise missing_key(spec.task.target, exc) from exc
+            finally:
+                if ctx.rank == 0:  # the job history sizes resources.mem=auto from it
+                    record_host_peak(ctx.output_dir)
         assert spec.task.command is not None
         return run_command(spec.task.command, ctx)
 
@@ -164,7 +167,9 @@ def run_command(argv: list[str], ctx: JobContext) -> Any:
     """Run `argv` (no shell) with the context in its environment, forwarding signals.
 
     A child that writes `$SLURMAGENT_OUTPUT_DIR/result.json` returns that value; a non-zero
-    exit is a TaskFailedError naming the code and the last lines of its stderr.
+    exit is a TaskFailedError naming the code and the last lines of its stderr. Once it has
+    ended, its host-memory peak (getrusage of the children, with this process's own) goes into
+    the task's progress.json for the job history.
     """
     ctx.output_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, **ctx.to_env())
@@ -188,6 +193,8 @@ def run_command(argv: list[str], ctx: JobContext) -> Any:
         code = started[0].wait()
     finally:
         restore_handlers(previous)
+    if ctx.rank == 0:
+        record_host_peak(ctx.output_dir)
     if code != 0:
         tail = err_path.read_text(errors="replace").splitlines()[-10:]
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"

@@ -6,6 +6,7 @@ cluster's facts, so every rule is tested on recorded inputs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurmagent.config import JobSpec, ResourcesConf, SiteConf, default_site
@@ -95,13 +96,20 @@ def plan(
     part = _partition(spec, cluster)
     if diagnosis.cause == "gpu_oom":
         # the runtime's MicroBatcher halves the micro-batch in process first; reaching here
-        # means that was not used or not enough: move to a GPU type with more memory
-        bigger = bigger_gpu(res.gpu_type, cluster, part, site or default_site())
+        # means that was not used or not enough: move to a GPU type with more memory than the
+        # one it ran on (a job asking for any type: the type of the node it ran on)
+        catalogue = site or default_site()
+        ran_type = res.gpu_type or type_ran_on(last_nodes, cluster, catalogue)
+        excluded = split_hostlist(res.exclude)
+        bigger = bigger_gpu(ran_type, cluster, part, catalogue, avoid=excluded)
         if bigger is None:
+            have = catalogue.memory_gib(ran_type)
+            what = f"{ran_type} ({have:g} GiB)" if ran_type and have is not None else (ran_type or "the one it ran on")
+            where = f" outside resources.exclude={res.exclude}" if excluded else ""
             return Stop(
-                f"{diagnosis.summary} Not retried: no GPU type with more memory than {res.gpu_type or 'the current'}"
-                " one on this cluster; use slurmagent.runtime.adapt.MicroBatcher (halves the micro-batch with "
-                "gradient accumulation) or a smaller model."
+                f"{diagnosis.summary} Not retried: no GPU type with more memory than {what} on this cluster{where}; "
+                "use slurmagent.runtime.adapt.MicroBatcher (halves the micro-batch with gradient accumulation) or a "
+                "smaller model."
             )
         new_type, new_part = bigger
         changes: dict[str, tuple[object, object]] = {"gpu_type": (res.gpu_type, new_type)}
@@ -109,7 +117,8 @@ def plan(
         if new_part != part:
             changes["partition"] = (res.partition, new_part)
             new_res = dataclasses.replace(new_res, partition=new_part)
-        return Resubmit(new_res, f"GPU OOM on {res.gpu_type}: resubmit on {new_type}", changes)
+        ran = ran_type if res.gpu_type else f"{ran_type} (any type asked; it ran on {last_nodes})"
+        return Resubmit(new_res, f"GPU OOM on {ran}: resubmit on {new_type}", changes)
     if diagnosis.cause == "host_oom":
         current = mem_to_mb(res.mem) if res.mem else 0
         largest = None
@@ -156,12 +165,26 @@ def plan(
     return Resubmit(res, f"{diagnosis.cause}: resubmit unchanged (attempt {attempts_so_far + 1} of {bound})", {})
 
 
+def type_ran_on(nodes: str, cluster: ClusterInfo | None, site: SiteConf) -> str | None:
+    """The GPU type a job that asked for any type ran on: the type of its nodes (on a node
+    with several types, the one with the most memory: the job needs more than any it may have had)."""
+    if cluster is None:
+        return None
+    types = {t for n in split_hostlist(nodes) if n in cluster.nodes for t in cluster.nodes[n].gpus if t}
+    return max(types, key=lambda t: (site.memory_gib(t) or 0, t), default=None)
+
+
 def bigger_gpu(
-    current: str | None, cluster: ClusterInfo | None, partition: str | None, site: SiteConf
+    current: str | None,
+    cluster: ClusterInfo | None,
+    partition: str | None,
+    site: SiteConf,
+    avoid: Sequence[str] = (),
 ) -> tuple[str, str] | None:
     """The smallest GPU type on the cluster with more memory than `current` (memory from the
     site's catalogue), and a partition with nodes of that type (the job's own partition
-    first, then the default); None when there is none."""
+    first, then the default), on nodes not in `avoid` (the job's excluded nodes); None when
+    there is none."""
     have = site.memory_gib(current)
     if cluster is None or have is None:
         return None
@@ -170,7 +193,9 @@ def bigger_gpu(
     for p in ordered:
         for n in p.nodes:
             node = cluster.nodes.get(n)
-            for gpu in node.gpus if node else ():
+            if node is None or n in avoid:
+                continue
+            for gpu in node.gpus:
                 if (site.memory_gib(gpu) or 0) > have:
                     found.setdefault(gpu, p.name)
     if not found:

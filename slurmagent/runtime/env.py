@@ -12,7 +12,7 @@ from pathlib import Path
 
 from slurmagent.errors import ConfigError
 
-__all__ = ["JobEnv", "TaskFile", "check_checkpoint_dir", "slurm_job_id", "task_checkpoint_dir"]
+__all__ = ["JobEnv", "Progress", "TaskFile", "check_checkpoint_dir", "slurm_job_id", "task_checkpoint_dir"]
 
 
 class JobEnv(StrEnum):
@@ -36,6 +36,18 @@ class TaskFile(StrEnum):
     HEALTH_STOP = "health_stop.json"  # the CRITICAL check that moved the job off its node
     ADAPT = "adapt.jsonl"  # every in-loop intervention asked (runtime/adapt.py): step, kind, reason, decision
     COMMAND_STDERR = "command.stderr"  # a task.command's stderr
+
+
+class Progress(StrEnum):
+    """The fields of a task's progress.json that the supervisor reads into the job history
+    (schedule/history.py) besides what `status` shows (step, total_steps, metrics, time)."""
+
+    STEPS_PER_S = "steps_per_s"  # this run's speed since it started or resumed (StepLoop)
+    GPU_MEM_PEAK_MB = "gpu_mem_peak_mb"  # the most GPU memory torch's allocator held on one device (CUDA jobs)
+    # the most host memory the job's process held (ru_maxrss, a kernel high-water mark: exact where sacct's
+    # MaxRSS is sampled every JobAcctGatherFrequency) plus its largest waited-for child's (a task.command)
+    HOST_MEM_PEAK_MB = "host_mem_peak_mb"
+    CHECKPOINT_S = "checkpoint_s"  # what a synchronous checkpoint save took (gather + durable write), seconds
 
 
 def slurm_job_id(env: Mapping[str, str]) -> str | None:

@@ -11,16 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from slurmagent.config import CheckpointConf
 from slurmagent.runtime.checkpoint import CheckpointManager
 from slurmagent.runtime.context import Approval, JobContext
-from slurmagent.runtime.env import TaskFile
+from slurmagent.runtime.env import Progress, TaskFile
 from slurmagent.runtime.health import HealthMonitor, monitor_for
 from slurmagent.runtime.signals import GraceFn, StopFlag, install_handlers, restore_handlers, signal_number
 
@@ -77,6 +79,48 @@ def gpu_memory_peak_mb() -> float | None:
     except (RuntimeError, ValueError):  # a device lost mid-run: the health path's business, not this one's
         return None
     return float(peak) / 2**20
+
+
+def host_memory_peak_mb() -> float:
+    """The most host memory this process has held since it started, plus the largest of its
+    children that have ended (a `task.command`'s program, data-loader workers), MiB: the
+    kernel's high-water marks (getrusage ru_maxrss), not samples — exact even for a run shorter
+    than Slurm's JobAcctGatherFrequency, whose MaxRSS may then be a few MB. The sum is an upper
+    bound of what they held at once."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return float(own + children) / 1024  # Linux: KiB
+
+
+def _write_progress(path: Path, body: dict[str, Any]) -> None:
+    """progress.json, atomically (a temp file renamed over it), without fsync; errors ignored."""
+    tmp = path.with_name(f".{TaskFile.PROGRESS}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # progress is a view, never a reason to stop training
+
+
+def record_host_peak(output_dir: Path) -> None:
+    """Put this process's host-memory peak (`host_memory_peak_mb`, its ended children's
+    included) into the task's progress.json, keeping a larger one already there (a
+    `task.command`'s own StepLoop writes its own): for the job history, which sizes
+    `resources.mem=auto` from it."""
+    path = output_dir / TaskFile.PROGRESS
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    try:
+        had = float(body.get(Progress.HOST_MEM_PEAK_MB) or 0.0)
+    except (TypeError, ValueError):
+        had = 0.0
+    body[Progress.HOST_MEM_PEAK_MB] = round(max(had, host_memory_peak_mb()), 1)
+    body.setdefault("time", time.time())
+    _write_progress(path, body)
 
 
 def _distributed() -> Any:
@@ -342,8 +386,9 @@ class StepLoop:
 
     def _progress(self, force: bool = False) -> None:
         """`<output dir>/progress.json`: where this run is (step of total, the latest metrics,
-        steps per second since it started or resumed), for `slurmagent status`. Best effort:
-        written without fsync, at most once a second."""
+        steps per second since it started or resumed), for `slurmagent status`; and what the
+        job history sizes the next run from (`env.Progress`: host- and GPU-memory peaks, the
+        checkpoint save's time). Best effort: written without fsync, at most once a second."""
         now = time.monotonic()
         if not force and now - self._progress_at < self.PROGRESS_EVERY_S:
             return
@@ -355,21 +400,18 @@ class StepLoop:
             "step": done,
             "total_steps": self.end_step,
             "start_step": self.start_step,
-            "steps_per_s": rate,
+            Progress.STEPS_PER_S: rate,
             "metrics": self.metrics,
             "time": time.time(),
             "attempt": self.ctx.attempt,
+            Progress.HOST_MEM_PEAK_MB: round(host_memory_peak_mb(), 1),
         }
         peak = gpu_memory_peak_mb()
         if peak is not None:
-            body["gpu_mem_peak_mb"] = round(peak, 1)
-        path = self.ctx.output_dir / TaskFile.PROGRESS
-        tmp = path.with_name(f".{TaskFile.PROGRESS}.{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(body))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # progress is a view, never a reason to stop training
+            body[Progress.GPU_MEM_PEAK_MB] = round(peak, 1)
+        if self.save_cost_estimate > 0:
+            body[Progress.CHECKPOINT_S] = round(self.save_cost_estimate, 3)
+        _write_progress(self.ctx.output_dir / TaskFile.PROGRESS, body)
 
     def _due(self, done: int) -> bool:
         if self.conf.every_steps and done % self.conf.every_steps == 0:

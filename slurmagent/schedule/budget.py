@@ -1,8 +1,12 @@
 """What a sweep will cost and what it has spent, against its budget (pure).
 
-GPU-hours are allocated GPUs × elapsed hours; cost is GPU-hours × the type's price in the
-site's catalogue (`site.gpus.TYPE.price_per_hour`). Predictions use each task's predicted run
-time (the history's, else its --time: the most it can use); spend comes from sacct.
+Every GPU-hour and cost figure slurmagent shows or checks — `plan`'s table and its summary,
+the launcher's budget check, `status`'s spend — comes from `usage_of`, on one basis (`BASIS`):
+GPUs × run time × the catalogue's price of the GPU type it runs on
+(`site.gpus.TYPE.price_per_hour`). The run time is, before a job runs, its predicted run time
+(the history's prediction × inflation, at most its --time; without history its --time: the
+most it can use) on the type it would start on (an any-type request: the type Slurm names in
+its start estimate); once it ran, sacct's elapsed time on the type of the node it ran on.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from dataclasses import dataclass
 
 from slurmagent.config import BudgetConf, SiteConf
 from slurmagent.errors import BudgetExceeded
+
+BASIS = "GPUs × predicted run time (history × inflation, at most --time; no history: --time) × the type's price/h"
+SPENT_BASIS = "GPUs × elapsed (sacct) × the price/h of the type each run ran on"
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,8 @@ class Usage:
 
 
 def usage_of(gpus: int, seconds: float, gpu_type: str | None, site: SiteConf) -> Usage:
+    """The one place GPU-hours and cost are computed: `gpus` GPUs of `gpu_type` for `seconds`
+    (a type not in the catalogue, or none, is not priced)."""
     hours = gpus * seconds / 3600
     gpu = site.gpu(gpu_type)
     return Usage(hours, hours * (gpu.price_per_hour if gpu is not None else 0.0))

@@ -1,91 +1,339 @@
-"""`slurmagent plan +experiment=x [overrides]`: what a job would ask Slurm for, and why.
+"""`slurmagent plan [launcher arguments]`: what the jobs would ask Slurm for, and why.
 
-Composes the job's config as the launcher would, plans it (schedule/plan.py: history,
-catalogue, `sbatch --test-only` per candidate) and prints the candidates and the choice.
+Takes what the launcher takes (`python -m slurmagent …`): Hydra overrides, `--config-dir`/
+`-cd`, `--config-name`/`-cn`, `--config-path`/`-cp`, `-m` with sweep values (`a=1,2`,
+`range(…)`, the sweeper's `params`), `--detach`; composes each task's config as the launcher
+would, and plans each distinct job (spec × work) once, as the launcher does before submitting
+(schedule/plan.py: history, catalogue, `sbatch --test-only` per candidate). It prints the
+candidates and the choice of each, and the sweep's predicted use against its budget.
 Nothing is submitted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
-from slurmagent.config import AUTO, budget_conf, job_spec, site_conf, spec_dict
-from slurmagent.render import _experiment_name, compose
-from slurmagent.schedule.budget import over
+from slurmagent.config import AUTO, budget_conf, job_spec, site_conf, spec_dict, spec_key
+from slurmagent.errors import ConfigError
+from slurmagent.render import _experiment_name
+from slurmagent.schedule.budget import BASIS, Usage, over, total
 from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
-from slurmagent.schedule.plan import plan_spec
-from slurmagent.skills.config_validator import memory_need_gib
+from slurmagent.schedule.plan import Plan, plan_spec
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.slurm.syntax import seconds_to_slurm_time
 from slurmagent.supervise.views import terminal
 
+# the launcher's flags that take a value (Hydra's, as `python -m slurmagent` accepts them)
+VALUE_FLAGS = {"--config-dir": "config_dir", "-cd": "config_dir", "--config-name": "config_name"}
+VALUE_FLAGS |= {"-cn": "config_name", "--config-path": "config_path", "-cp": "config_path"}
+SWEEP_FLAGS = ("-m", "--multirun")
+IGNORED_FLAGS = ("--detach", "-d", "--run", "-r")  # how it runs, not what it asks for: the plan is the same
+# Hydra's flags that show something instead of launching: nothing to plan
+SHOW_FLAGS: tuple[str, ...] = ("--cfg", "-c", "--info", "-i", "--resolve", "--package", "-p", "--hydra-help")
+SHOW_FLAGS += ("--version", "--shell-completion", "-sc", "--experimental-rerun", "--help", "-h")
 
-def plan_cli(overrides: list[str], as_json: bool = False, config_dir: Path | None = None) -> int:
-    cfg = compose(list(overrides), config_dir)
-    spec = job_spec(spec_dict(cfg))
-    site = site_conf(spec_dict(cfg, ("site",)).get("site"))
-    budget = budget_conf(spec_dict(cfg, ("budget",)).get("budget"))
-    slurm = SlurmCLI(timeout=30)
-    on_slurm = spec.cluster != "local" and slurm.available()
-    cluster = ClusterInfo.query(slurm) if on_slurm else None
-    history = HistoryStore(default_history_path(site.scheduling.history))
-    need = memory_need_gib(cfg) if spec.resources.gpu_type == AUTO else None
-    fp = fingerprint(safe_job_name(_experiment_name(overrides)), overrides, site.scheduling.ignore_in_fingerprint)
-    plan = plan_spec(
-        spec,
-        fp,
-        site=site,
-        history=history,
-        cluster=cluster,
-        slurm=slurm if on_slurm else None,
-        need_gib=need,
+
+@dataclass
+class PlanArgs:
+    """The launcher's arguments, as `plan` reads them."""
+
+    overrides: list[str] = field(default_factory=list)
+    config_dir: Path | None = None
+    config_name: str | None = None
+    config_path: str | None = None
+    multirun: bool = False
+    as_json: bool = False
+
+
+def parse_args(argv: Sequence[str], base: PlanArgs | None = None) -> PlanArgs:
+    """The launcher's flags wherever they stand among the overrides (as `python -m slurmagent`
+    hoists them); `--json` is plan's own."""
+    out = dataclasses.replace(base) if base is not None else PlanArgs()
+    out.overrides = list(out.overrides)
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if name in VALUE_FLAGS and a.startswith("-"):
+            if not eq:
+                if i + 1 >= len(args) or args[i + 1] in ("--", ""):
+                    raise ConfigError(f"{name} needs a value")
+                value = args[i + 1]
+                i += 1
+            setattr(out, VALUE_FLAGS[name], Path(value) if VALUE_FLAGS[name] == "config_dir" else value)
+        elif a in SWEEP_FLAGS:
+            out.multirun = True
+        elif a == "--json":
+            out.as_json = True
+        elif a in IGNORED_FLAGS:
+            pass
+        elif name in SHOW_FLAGS:
+            raise ConfigError(
+                f"{name} makes the launcher show Hydra's information instead of launching: run it without plan"
+            )
+        elif a.startswith("-"):
+            raise ConfigError(f"unknown option {a}; plan takes the launcher's: -m, -cd, -cn, -cp, --detach, and --json")
+        else:
+            out.overrides.append(a)
+        i += 1
+    return out
+
+
+def _is_hydra(override: str) -> bool:
+    key = override.lstrip("+~").partition("=")[0]
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+@contextlib.contextmanager
+def _hydra(args: PlanArgs) -> Iterator[None]:
+    """Hydra initialised with the launcher's search path: the app's config path (or `-cp`), and
+    `-cd`'s directory where Hydra's command line puts it (before the schemas)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (
+        compute_search_path_dir,
+        create_config_search_path,
+        detect_calling_file_or_module_from_task_function,
     )
-    if cluster is not None:
-        check_fits(plan.resources, cluster)
-    usage = plan.usage(site)
-    over_budget = over(budget, usage)
-    if as_json:
-        out = {
-            **plan.record(),
-            "resources": dataclasses.asdict(plan.resources),
-            "sbatch": sbatch_flags(plan.resources),
-            "chosen": dataclasses.asdict(plan.chosen) if plan.chosen else None,
-            "predicted": dataclasses.asdict(usage),
-            "over_budget": over_budget,
-            "backend": "slurm" if on_slurm else "local",
-        }
-        print(json.dumps(out, indent=1))
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    from slurmagent.job.task import run_task
+    from slurmagent.safety.cli import check_path
+
+    calling_file, calling_module = detect_calling_file_or_module_from_task_function(run_task)
+    main_dir = compute_search_path_dir(calling_file, calling_module, args.config_path or "pkg://slurmagent.conf")
+    search = create_config_search_path(main_dir)
+    if args.config_dir is not None:
+        check_path(args.config_dir, "dir", "--config-dir", ConfigError)
+        search.prepend(
+            provider="command-line",
+            path=f"file://{args.config_dir.absolute()}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    gh = GlobalHydra.instance()
+    gh.clear()
+    Hydra.create_main_hydra2(task_name="slurmagent", config_search_path=search)
+    try:
+        yield
+    finally:
+        gh.clear()
+
+
+def _compose(args: PlanArgs, overrides: list[str]) -> Any:
+    from hydra import compose
+
+    return compose(config_name=args.config_name or "config", overrides=overrides, return_hydra_config=True)
+
+
+@dataclass
+class Planned:
+    """One distinct job of the sweep, planned, and the tasks that share it."""
+
+    plan: Plan
+    overrides: list[str]  # its first task's overrides
+    tasks: list[int] = field(default_factory=list)
+
+
+def _jobs(args: PlanArgs, hydra_over: list[str], task_over: list[str]) -> tuple[list[list[str]], str]:
+    """Each task's overrides, as the launcher gets them (Hydra's basic sweeper expands a
+    sweep's values, its `params` first); a search (its own sweeper) is planned once."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed = parser.parse_overrides(task_over)
+    swept = [str(o.input_line) for o in parsed if o.is_sweep_override()]
+    fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+    if not args.multirun and swept:
+        raise ConfigError(f"{swept[0]} is a sweep: add -m, as for the launcher (without -m it would run one task here)")
+    if not args.multirun:  # one task, its overrides spelt as the launcher's sweeper hands them over (escaped)
+        return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch], ""
+    base = _compose(args, [*hydra_over, *fixed])
+    sweeper = str(base.hydra.sweeper.get("_target_", ""))
+    if "hpo" in sweeper.lower():  # a search asks its trials as it goes: every trial runs with one spec
+        return [fixed], "a search: its trials run with one spec, planned here from the overrides it does not search"
+    params = [f"{k}={v}" for k, v in (base.hydra.sweeper.get("params") or {}).items()]
+    batches = BasicSweeper.split_arguments(parser.parse_overrides([*params, *task_over]), None)
+    return [list(job) for batch in batches for job in batch], ""
+
+
+def plan_sweep(args: PlanArgs) -> tuple[list[Planned], dict[str, Any]]:
+    """Every distinct job of the launch `args` describes, planned as the launcher would."""
+    from slurmagent.launch.sweeper import spec_relevant
+    from slurmagent.skills.config_validator import memory_need_gib
+
+    hydra_over = [o for o in args.overrides if _is_hydra(o)]
+    task_over = [o for o in args.overrides if not _is_hydra(o)]
+    slurm = SlurmCLI(timeout=30)
+    with _hydra(args):
+        jobs, note = _jobs(args, hydra_over, task_over)
+        composed: dict[tuple[str, ...], Any] = {}
+        planned: dict[tuple[str, str], Planned] = {}
+        context: dict[str, Any] = {"note": note, "tasks": len(jobs)}
+        for index, overrides in enumerate(jobs):
+            key = tuple(o for o in overrides if spec_relevant(o))
+            if key not in composed:
+                composed[key] = _compose(args, [*hydra_over, *overrides])
+            cfg = composed[key]
+            if "site" not in context:
+                site = site_conf(spec_dict(cfg, ("site",)).get("site"))
+                on_slurm = job_spec(spec_dict(cfg)).cluster != "local" and slurm.available()
+                context.update(
+                    site=site,
+                    budget=budget_conf(spec_dict(cfg, ("budget",)).get("budget")),
+                    on_slurm=on_slurm,
+                    cluster=ClusterInfo.query(slurm) if on_slurm else None,
+                    history=HistoryStore(default_history_path(site.scheduling.history)),
+                )
+            site = context["site"]
+            spec = job_spec(spec_dict(cfg))
+            experiment = cfg.hydra.runtime.choices.get("experiment") or _experiment_name(overrides)
+            fp = fingerprint(safe_job_name(str(experiment)), overrides, site.scheduling.ignore_in_fingerprint)
+            which = (spec_key(spec), fp)
+            if which not in planned:
+                full = cfg if list(key) == overrides else _compose(args, [*hydra_over, *overrides])
+                plan = plan_spec(
+                    spec,
+                    fp,
+                    site=site,
+                    history=context["history"],
+                    cluster=context["cluster"],
+                    slurm=slurm if context["on_slurm"] else None,
+                    need_gib=memory_need_gib(full) if spec.resources.gpu_type == AUTO else None,
+                )
+                if context["cluster"] is not None:
+                    check_fits(plan.resources, context["cluster"])
+                planned[which] = Planned(plan, overrides)
+            planned[which].tasks.append(index)
+    return list(planned.values()), context
+
+
+def plan_cli(
+    overrides: list[str],
+    as_json: bool = False,
+    config_dir: Path | None = None,
+    multirun: bool = False,
+    config_name: str | None = None,
+    config_path: str | None = None,
+) -> int:
+    args = parse_args(overrides, PlanArgs([], config_dir, config_name, config_path, multirun, as_json))
+    plans, ctx = plan_sweep(args)
+    site = ctx["site"]
+    per_task = [p.plan.usage(site) for p in plans for _ in p.tasks]
+    predicted = total(per_task)
+    over_budget = over(ctx["budget"], predicted)
+    backend = "slurm" if ctx["on_slurm"] else "local"
+    if args.as_json:
+        print(json.dumps(_json(args, plans, site, predicted, over_budget, backend, ctx), indent=1))
         return 0
     console = terminal()
+    sweep = args.multirun
+    if sweep:
+        head = f"{ctx['tasks']} task(s), {len(plans)} distinct job(s) (spec × work), each planned once (as launched)"
+        console.print(head + (f"; {ctx['note']}" if ctx["note"] else ""), markup=False, highlight=False)
+    for n, p in enumerate(plans, 1):
+        title = f" — job {n} of {len(plans)}: tasks {_span(p.tasks)} ({' '.join(p.overrides) or 'no overrides'})"
+        _show(console, p.plan, site, args.overrides, title if sweep else "")
+    who = f"the sweep's {ctx['tasks']} task(s)" if sweep else "this job"
+    lines = [f"predicted use of {who}: {predicted.describe()} ({BASIS})"]
+    if over_budget:
+        lines[-1] += f" — over budget: {over_budget}"
+    if not ctx["on_slurm"]:
+        lines.append("note: Slurm does not answer here (or cluster=local): no GPU types, partitions or start times")
+    console.print("\n".join(lines), markup=False, highlight=False)
+    return 0
+
+
+def _span(tasks: list[int]) -> str:
+    return ",".join(map(str, tasks)) if len(tasks) <= 6 else f"{tasks[0]}…{tasks[-1]} ({len(tasks)})"
+
+
+def _show(console: Any, plan: Plan, site: Any, overrides: list[str], title: str) -> None:
+    """One plan: the candidates' table (its title names the basis of GPU-h and cost) and the
+    decisions, each reason on its own line."""
     if plan.candidates:
-        table = Table(title=f"candidates for {_experiment_name(overrides)} (nothing submitted)")
-        for col in ("", "GPU type", "partition", "memory fit", "run time", "Slurm's start", "cost", "GPU-h"):
+        name = _experiment_name(overrides)
+        table = Table(title=f"candidates for {name}{title} (nothing submitted)", caption=f"GPU-h and cost: {BASIS}")
+        for col in (
+            "",
+            "GPU type",
+            "partition",
+            "GPU memory",
+            "predicted run",
+            "--time",
+            "Slurm's start",
+            "GPU-h",
+            "cost",
+        ):
             table.add_column(col)
         for c in plan.candidates:
             start = f"in {c.wait_s:.0f}s ({c.start_note})" if c.wait_s is not None else (c.start_note or "not asked")
+            priced = f" ({c.priced_as})" if c.gpu_type == "any" and c.priced_as else ""
             table.add_row(
                 "→" if c == plan.chosen else "",
                 c.label,
                 c.partition,
                 c.fit_note,
+                seconds_to_slurm_time(round(c.predicted_s)) + priced,
                 seconds_to_slurm_time(c.run_s),
                 start,
-                f"{c.cost:.2f}",
                 f"{c.gpu_hours:.3f}",
+                f"{c.cost:.2f}",
             )
         console.print(table)
-    lines = [f"prediction: {plan.prediction.basis} (fingerprint {plan.fingerprint})"]
+    elif title:
+        console.print(title.removeprefix(" — "), markup=False, highlight=False)
+    pred = plan.prediction
+    lines = [f"run time: {pred.basis} (fingerprint {plan.fingerprint})"]
+    if pred.mem_basis:
+        lines.append(f"host memory: {pred.mem_basis}")
+    if pred.gpu_basis:
+        lines.append(f"GPU memory: {pred.gpu_basis}")
     lines += [f"{d['key']}={d['value']}: {d['why']}" for d in plan.decisions]
     flags = " ".join(f"--{k}={v}" for k, v in sbatch_flags(plan.resources).items())
     lines.append(f"sbatch {flags}")
-    lines.append(f"predicted use: {usage.describe()}" + (f" — over budget: {over_budget}" if over_budget else ""))
-    if not on_slurm:
-        lines.append("note: Slurm does not answer here (or cluster=local): no GPU types, partitions or start times")
+    use = plan.usage(site)
+    lines.append(f"predicted use: {use.describe()}")
     console.print("\n".join(lines), markup=False, highlight=False)
-    return 0
+
+
+def _json(
+    args: PlanArgs,
+    plans: list[Planned],
+    site: Any,
+    predicted: Usage,
+    over_budget: str,
+    backend: str,
+    ctx: dict[str, Any],
+) -> dict[str, Any]:
+    def one(p: Plan) -> dict[str, Any]:
+        return {
+            **p.record(),
+            "resources": dataclasses.asdict(p.resources),
+            "sbatch": sbatch_flags(p.resources),
+            "chosen": dataclasses.asdict(p.chosen) if p.chosen else None,
+            "predicted": dataclasses.asdict(p.usage(site)),
+        }
+
+    basis = {"basis": BASIS, "over_budget": over_budget, "backend": backend}
+    if not args.multirun:
+        return {**one(plans[0].plan), **basis}
+    jobs = [{**one(p.plan), "tasks": p.tasks, "overrides": p.overrides} for p in plans]
+    return {
+        "tasks": ctx["tasks"],
+        "jobs": jobs,
+        "predicted": dataclasses.asdict(predicted),
+        "note": ctx["note"],
+        **basis,
+    }

@@ -2,8 +2,11 @@
 
 One row per task run to its end (all its Slurm runs together: a task requeued at its time
 limit has done its work over several runs), fed from `sacct` (Elapsed, MaxRSS, ReqMem,
-TotalCPU, State, nodes, GPUs) and from the runtime (steps/s and, on a GPU, the peak GPU memory
-its allocator held, from the task's progress).
+TotalCPU, State, nodes, GPUs) and from the runtime's progress.json (steps/s; the job's own
+host-memory peak, exact where sacct's MaxRSS is sampled; on a GPU, the peak GPU memory its
+allocator held; the longest checkpoint save). A run the kernel killed for memory records the
+limit it was killed at (the need is at least that); a run that ran out of GPU memory records
+the memory of the GPU type it ran out on (the need is more than that).
 Rows are keyed by the fingerprint of the task's work: the experiment and the overrides that
 change run time or memory, not the learning rate or the seed (`site.scheduling.ignore_in_fingerprint`).
 
@@ -31,6 +34,9 @@ from slurmagent.slurm.seam import JobUsage
 log = logging.getLogger(__name__)
 
 ENDED_STATES = frozenset({"COMPLETED", "TIMEOUT", "OUT_OF_MEMORY", "FAILED"})
+# Slurm samples a job's memory every JobAcctGatherFrequency (default 30 s): the MaxRSS of a run
+# shorter than that may be a few MB whatever it used
+SAMPLED_AFTER_S = 30.0
 
 
 def override_key(override: str) -> str:
@@ -77,10 +83,28 @@ class HistoryRow:
     steps_per_s: float = 0.0  # from the runtime's progress; 0 = not reported
     ended_at: float = 0.0
     gpu_mem_peak_mb: float = 0.0  # the runtime's: the most GPU memory one device held; 0 = not reported
+    host_mem_peak_mb: float = 0.0  # the runtime's: the job's own host-memory peak (ru_maxrss); 0 = not reported
+    oom_mem_mb: float = 0.0  # the largest --mem a run of this task was killed at (host OOM); 0 = none
+    gpu_oom_gib: float = 0.0  # memory of the GPU type a run of this task ran out of GPU memory on; 0 = none
+    checkpoint_s: float = 0.0  # the runtime's: what its last synchronous checkpoint save took; 0 = not reported
 
     @property
     def hit_limit(self) -> bool:
         return self.state == "TIMEOUT"
+
+    @property
+    def mem_need_mb(self) -> float:
+        """The host memory this work needs per node, at least: the largest of sacct's MaxRSS
+        (sampled every JobAcctGatherFrequency), the runtime's own peak, and the limit an
+        OOM-killed run died at."""
+        return max(self.max_rss_mb, self.host_mem_peak_mb, self.oom_mem_mb)
+
+    @property
+    def mem_measured(self) -> bool:
+        """Whether `mem_need_mb` says more than a sample that may have missed the peak: the
+        runtime measured it, a run was killed at its limit, or its runs were long enough
+        for Slurm to sample them (`SAMPLED_AFTER_S`)."""
+        return self.host_mem_peak_mb > 0 or self.oom_mem_mb > 0 or self.elapsed_s / max(1, self.runs) >= SAMPLED_AFTER_S
 
 
 def row_from_usage(
@@ -91,12 +115,18 @@ def row_from_usage(
     runs: Sequence[JobUsage],
     steps_per_s: float = 0.0,
     gpu_mem_peak_mb: float = 0.0,
+    host_mem_peak_mb: float = 0.0,
+    gpu_oom_gib: float = 0.0,
+    checkpoint_s: float = 0.0,
 ) -> HistoryRow | None:
-    """The task's history row from its Slurm runs (oldest first); None until it has ended."""
+    """The task's history row from its Slurm runs (oldest first); None until it has ended.
+    The runtime's figures (0 = not reported) and the GPU memory of a type it ran out of
+    memory on come from the caller (supervise/usage.py)."""
     ended = [r for r in runs if r.state in ENDED_STATES or r.state in ("REQUEUED", "PREEMPTED")]
     if not runs or runs[-1].state not in ENDED_STATES:
         return None
     last = runs[-1]
+    killed_at = [float(r.req_mem_mb) for r in runs if r.state == "OUT_OF_MEMORY" and r.req_mem_mb]
     return HistoryRow(
         fingerprint=fp,
         task_key=task_key,
@@ -115,6 +145,10 @@ def row_from_usage(
         steps_per_s=steps_per_s,
         ended_at=time.time(),
         gpu_mem_peak_mb=gpu_mem_peak_mb,
+        host_mem_peak_mb=host_mem_peak_mb,
+        oom_mem_mb=max(killed_at, default=0.0),
+        gpu_oom_gib=gpu_oom_gib,
+        checkpoint_s=checkpoint_s,
     )
 
 

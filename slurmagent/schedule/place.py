@@ -5,9 +5,12 @@ Candidates are the GPU types on usable nodes (not drained, down or suspect) of t
 the job may use: the one it names, else the one its priority maps to, else the cluster's
 default. Each is scored by what matters to the user: when it would start (Slurm's own
 estimate, `sbatch --test-only`, filled in by plan.py), how long it would run there (the
-prediction over the type's throughput), and what it would cost; the memory must fit. The
-earliest predicted finish wins; ties go to the cheaper, then the smaller GPU (the larger one
-stays free for work that needs it).
+prediction over the type's throughput), and what it would use (GPU-hours and cost, from
+`budget.usage_of` on the predicted run time: `budget.BASIS`); the memory must fit. The
+earliest predicted finish wins; finishes within `tie_s` of each other are a tie (Slurm's
+estimates come from separate `--test-only` calls, seconds apart), and a tie goes to the request
+for any fitting type, then the cheaper, then the smaller GPU (the larger one stays free for
+work that needs it).
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from dataclasses import dataclass, replace
 
 from slurmagent.config import ResourcesConf, SiteConf
 from slurmagent.errors import ConfigError, choices
+from slurmagent.schedule.budget import usage_of
 from slurmagent.schedule.predict import limit_seconds
 from slurmagent.slurm.cluster import ClusterInfo, NodeInfo
 
 UNUSABLE_STATES = ("drain", "down", "fail", "maint", "reboot", "unknown", "not_responding", "inval", "future")
 GPU_HEADROOM_GIB = 1.0  # CUDA context and allocator slack
+# predicted finishes this close are a tie: Slurm's start estimates come from separate
+# `sbatch --test-only` calls (whole seconds, asked one after another), and a prediction is
+# only as good as the history's spread; at least FINISH_TIE_S, else this share of the finish
+FINISH_TIE_S = 10.0
+FINISH_TIE_FRACTION = 0.05
 
 
 ANY = "any"  # a candidate for every fitting type at once: an untyped GRES request, Slurm picks the node
@@ -33,21 +42,25 @@ class Candidate:
     partition: str
     gpu_type: str | None  # None: a CPU job; ANY: whichever fitting type frees first
     nodes: tuple[str, ...]  # usable nodes with enough of this type
-    memory_gib: float | None  # per GPU (catalogue)
+    memory_gib: float | None  # per GPU (catalogue); ANY: the smallest of its types
     fits: bool
-    fit_note: str  # "16 GiB ≥ 3.2 GiB needed" / "unknown need"
-    run_s: int  # predicted run time there (the fallback's when no history)
-    cost: float  # predicted cost: GPUs × hours × price
+    fit_note: str  # "16 GiB ≥ 3.20 GiB needed" / "16 GiB, need not known"
+    run_s: int  # the --time it would ask there (the prediction with its lead; the fallback's when no history)
+    cost: float  # predicted use (budget.BASIS): GPUs × predicted_s × the price of `priced_as`
     gpu_hours: float
     wait_s: float | None = None  # until Slurm would start it (None: not asked, or it cannot run)
     start_note: str = ""  # Slurm's answer
-    by_type: tuple[tuple[str, int], ...] = ()  # ANY: each fitting type's run time (run_s is the slowest's)
+    by_type: tuple[tuple[str, int], ...] = ()  # ANY: each type's --time (run_s is the slowest's)
     lands_on: str = ""  # ANY: the type of the node Slurm would start it on now
+    predicted_s: float = 0.0  # predicted run time there: history × inflation, no lead (no history: run_s)
+    predicted_by_type: tuple[tuple[str, float], ...] = ()  # ANY: each type's predicted_s
+    gpus: int = 0  # GPUs of the job, all nodes (what usage counts)
+    priced_as: str = ""  # the GPU type its use is priced at (ANY: where it lands, else its slowest)
 
     @property
-    def expected_run_s(self) -> int:
-        """The run time where it would start: ANY runs at the speed of the node it lands on."""
-        return dict(self.by_type).get(self.lands_on, self.run_s)
+    def expected_run_s(self) -> float:
+        """The predicted run time where it would start: ANY runs at the speed of the node it lands on."""
+        return self.predicted_s
 
     @property
     def finish_s(self) -> float:
@@ -56,6 +69,18 @@ class Candidate:
     @property
     def label(self) -> str:
         return f"any of {'|'.join(t for t, _ in self.by_type)}" if self.gpu_type == ANY else (self.gpu_type or "cpu")
+
+
+def tie_s(finish_s: float) -> float:
+    """How close two predicted finishes must be to count as a tie (`FINISH_TIE_S`, `FINISH_TIE_FRACTION`)."""
+    return max(FINISH_TIE_S, FINISH_TIE_FRACTION * finish_s) if math.isfinite(finish_s) else 0.0
+
+
+def _priced(c: Candidate, gpu_type: str, site: SiteConf) -> Candidate:
+    """`c` with its predicted run time and use on `gpu_type` (an ANY candidate's landing type)."""
+    predicted = dict(c.predicted_by_type).get(gpu_type, c.predicted_s)
+    use = usage_of(c.gpus, predicted, gpu_type, site)
+    return replace(c, predicted_s=predicted, priced_as=gpu_type, cost=use.cost, gpu_hours=use.gpu_hours)
 
 
 def usable(node: NodeInfo, avoid: Collection[str]) -> bool:
@@ -85,18 +110,29 @@ def candidates(
     cluster: ClusterInfo,
     avoid: Collection[str] = (),
     inflation: float = 1.0,
+    lead_s: float = 0.0,
 ) -> list[Candidate]:
-    """Every (partition, GPU type) the job could ask for, with its fit, run time and cost."""
+    """Every (partition, GPU type) the job could ask for, with its fit, --time (the prediction
+    × `inflation` + `lead_s`, whole minutes), predicted run time and use. `res.gpu_type` auto:
+    every type, and one request for any fitting type when more than one fits; None (the job
+    asks for any type): that request, over every type."""
     out: list[Candidate] = []
     gpus_total = res.gpus * res.nodes
     for part_name in partitions_for(res, site, cluster):
         part = cluster.partitions[part_name]
         nodes = [cluster.nodes[n] for n in part.nodes if n in cluster.nodes and usable(cluster.nodes[n], avoid)]
         if res.gpus == 0:
-            run_s = limit_seconds(reference_s, 1.0, inflation) or fallback_s
-            out.append(Candidate(part_name, None, tuple(n.name for n in nodes), None, True, "CPU job", run_s, 0.0, 0.0))
+            run_s = limit_seconds(reference_s, 1.0, inflation, lead_s) or fallback_s
+            predicted = min(float(run_s), reference_s * inflation) if reference_s is not None else float(run_s)
+            out.append(
+                Candidate(
+                    part_name, None, tuple(n.name for n in nodes), None, True, "CPU job", run_s, 0.0, 0.0,
+                    predicted_s=predicted,
+                )
+            )  # fmt: skip
             continue
         wanted = {res.gpu_type} if res.gpu_type not in (None, "auto") else {t for n in nodes for t in n.gpus if t}
+        typed: list[Candidate] = []
         for gpu_type in sorted(t for t in wanted if t is not None):
             have = tuple(n.name for n in nodes if n.gpus.get(gpu_type, 0) >= res.gpus)
             if len(have) < res.nodes:
@@ -105,35 +141,58 @@ def candidates(
             memory = gpu.memory_gib if gpu is not None else None
             throughput = gpu.throughput if gpu is not None else 1.0
             if need_gib is None:
-                fits, note = True, "need unknown"
+                fits, note = True, f"{memory:g} GiB, need not known" if memory is not None else "need not known"
             elif memory is None:
                 fits, note = False, f"{gpu_type} is not in site.gpus"
             else:
                 fits = memory - GPU_HEADROOM_GIB >= need_gib
                 note = f"{memory:g} GiB {'≥' if fits else '<'} {need_gib:.2f} GiB needed"
-            run_s = limit_seconds(reference_s, throughput, inflation) or fallback_s
-            hours = gpus_total * run_s / 3600
-            price = gpu.price_per_hour if gpu is not None else 0.0
-            out.append(Candidate(part_name, gpu_type, have, memory, fits, note, run_s, hours * price, hours))
-        fitting = [c for c in out if c.partition == part_name and c.fits and c.gpu_type]
-        if res.gpu_type == "auto" and len(fitting) > 1 and res.nodes == 1:
+            run_s = limit_seconds(reference_s, throughput, inflation, lead_s) or fallback_s
+            predicted = (
+                min(float(run_s), reference_s / max(throughput, 1e-9) * inflation)
+                if reference_s is not None
+                else float(run_s)
+            )
+            use = usage_of(gpus_total, predicted, gpu_type, site)
+            typed.append(
+                Candidate(
+                    part_name, gpu_type, have, memory, fits, note, run_s, use.cost, use.gpu_hours,
+                    predicted_s=predicted, gpus=gpus_total, priced_as=gpu_type,
+                )
+            )  # fmt: skip
+        explicit_any = res.gpu_type is None
+        if not explicit_any:
+            out.extend(typed)
+        fitting = typed if explicit_any else [c for c in typed if c.fits]
+        if (explicit_any and fitting) or (res.gpu_type == "auto" and len(fitting) > 1 and res.nodes == 1):
             # one request for every type that fits: it starts on whichever frees first, and its
             # --time covers the slowest, so no fitting GPU idles while the job waits for another
             slowest = max(fitting, key=lambda c: c.run_s)
-            out.append(
-                Candidate(
-                    part_name,
-                    ANY,
-                    tuple(sorted({n for c in fitting for n in c.nodes})),
-                    min(c.memory_gib or 0 for c in fitting),
-                    True,
-                    "every type here fits" + (f" ({need_gib:.2f} GiB needed)" if need_gib is not None else ""),
-                    slowest.run_s,
-                    max(c.cost for c in fitting),
-                    slowest.gpu_hours,
-                    by_type=tuple((str(c.gpu_type), c.run_s) for c in fitting),
-                )
+            sizes = sorted({c.memory_gib for c in fitting if c.memory_gib is not None})
+            span = f"{sizes[0]:g}–{sizes[-1]:g} GiB" if len(sizes) > 1 else (f"{sizes[0]:g} GiB" if sizes else "")
+            small = [c for c in fitting if not c.fits]
+            if small:
+                note = f"{span}; too small: " + ", ".join(f"{c.gpu_type} ({c.fit_note})" for c in small)
+            elif need_gib is None:
+                note = f"{span}, need not known"
+            else:
+                note = f"{span}, each ≥ {need_gib:.2f} GiB needed"
+            any_c = Candidate(
+                part_name,
+                ANY,
+                tuple(sorted({n for c in fitting for n in c.nodes})),
+                min(c.memory_gib or 0 for c in fitting),
+                True,
+                note,
+                slowest.run_s,
+                0.0,
+                0.0,
+                by_type=tuple((str(c.gpu_type), c.run_s) for c in fitting),
+                predicted_s=slowest.predicted_s,
+                predicted_by_type=tuple((str(c.gpu_type), c.predicted_s) for c in fitting),
+                gpus=gpus_total,
             )
+            out.append(_priced(any_c, str(slowest.gpu_type), site))  # until Slurm says where it lands
     return out
 
 
@@ -141,27 +200,42 @@ def with_waits(
     cands: list[Candidate],
     waits: Mapping[tuple[str, str | None], tuple[float | None, str]],
     lands_on: Mapping[str, str] | None = None,
+    site: SiteConf | None = None,
 ) -> list[Candidate]:
     """Slurm's start estimates (seconds from now, its words) put on the candidates; for ANY,
-    the type of the node Slurm named (`lands_on`: partition → type)."""
+    the type of the node Slurm named (`lands_on`: partition → type), where its run time and
+    use are then predicted (`site`: the catalogue that prices it)."""
     out = []
     for c in cands:
         wait, note = waits.get((c.partition, c.gpu_type), (None, ""))
         landing = (lands_on or {}).get(c.partition, "") if c.gpu_type == ANY else ""
-        out.append(replace(c, wait_s=wait, start_note=note, lands_on=landing))
+        placed = replace(c, wait_s=wait, start_note=note, lands_on=landing)
+        if landing and landing in dict(c.predicted_by_type) and site is not None:
+            placed = _priced(placed, landing, site)
+        elif landing and landing in dict(c.predicted_by_type):
+            placed = replace(placed, predicted_s=dict(c.predicted_by_type)[landing])
+        out.append(placed)
     return out
 
 
+def _order(c: Candidate) -> tuple[bool, float, float, str]:
+    """Among tied candidates: the any-type request, then the cheaper, then the smaller GPU."""
+    return (c.gpu_type != ANY, c.cost, c.memory_gib or 0, c.gpu_type or "")
+
+
 def choose(cands: list[Candidate]) -> tuple[Candidate, str]:
-    """The candidate to ask for, and why in one sentence."""
+    """The candidate to ask for, and why in one sentence: the earliest predicted finish, where
+    finishes within `tie_s` are a tie that goes to the any-type request (it may start sooner
+    elsewhere later), then the cheaper, then the smaller GPU."""
     fitting = [c for c in cands if c.fits]
     if not fitting:
         shown = "; ".join(f"{c.label} on {c.partition}: {c.fit_note}" for c in cands) or "no GPU node is usable"
         raise ConfigError(f"resources.gpu_type=auto: no GPU type fits this job ({shown}); nothing was submitted")
     startable = [c for c in fitting if c.wait_s is not None] or fitting
-    # the earliest predicted finish; on a tie the request for any fitting type (it may start
-    # sooner elsewhere later), then the cheaper, then the smaller GPU
-    best = min(startable, key=lambda c: (c.finish_s, c.gpu_type != ANY, c.cost, c.memory_gib or 0, c.gpu_type or ""))
+    earliest = min(c.finish_s for c in startable)
+    tol = tie_s(earliest)
+    tied = [c for c in startable if c.finish_s <= earliest + tol]
+    best = min(tied, key=_order)
     why = [best.fit_note] if best.gpu_type else []
     if best.gpu_type == ANY:
         why.append(
@@ -170,17 +244,32 @@ def choose(cands: list[Candidate]) -> tuple[Candidate, str]:
         )
     if best.wait_s is not None:
         landing = f" on {best.lands_on}" if best.lands_on else ""
-        why.append(f"earliest predicted finish: starts in {best.wait_s:.0f}s{landing}, runs {best.expected_run_s}s")
+        head = (
+            "earliest predicted finish"
+            if best.finish_s <= earliest
+            else f"predicted finish within {tol:.0f}s of the earliest"
+        )
+        why.append(f"{head}: starts in {best.wait_s:.0f}s{landing}, runs {best.expected_run_s:.0f}s")
     others = [c for c in startable if c is not best]
     if others:
-        runner = min(others, key=lambda c: (c.finish_s, c.cost))
-        if runner.wait_s is not None:
-            later = runner.finish_s - best.finish_s
-            why.append(f"{runner.label} on {runner.partition} would finish {later:.0f}s later")
-        else:
+        runner = min(others, key=lambda c: (c.finish_s, *_order(c)))
+        if runner.wait_s is None:
             why.append(f"{runner.label} on {runner.partition}: no start estimate")
-        if runner.finish_s == best.finish_s and best.gpu_type != ANY:
-            why.append(f"cheaper ({best.cost:.2f} vs {runner.cost:.2f})")
+        elif runner in tied:
+            rule = (
+                "the any-type request"
+                if best.gpu_type == ANY
+                else f"the cheaper ({best.cost:.2f} vs {runner.cost:.2f})"
+            )
+            gap = abs(runner.finish_s - best.finish_s)
+            why.append(
+                f"{runner.label} on {runner.partition} finishes {gap:.0f}s apart: a tie (within {tol:.0f}s), "
+                f"which goes to {rule}"
+            )
+        else:
+            why.append(
+                f"{runner.label} on {runner.partition} would finish {runner.finish_s - best.finish_s:.0f}s later"
+            )
     unfit = [c for c in cands if not c.fits]
     if unfit:
         why.append("too small: " + ", ".join(f"{c.gpu_type} ({c.fit_note})" for c in unfit))

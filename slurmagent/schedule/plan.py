@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmagent.config import AUTO, GpuConf, JobSpec, ResourcesConf, SiteConf, auto_keys
+from slurmagent.config import AUTO, JobSpec, ResourcesConf, SiteConf, auto_keys
 from slurmagent.errors import ConfigError
 from slurmagent.schedule.budget import Usage, usage_of
 from slurmagent.schedule.history import HistoryStore
@@ -27,7 +27,7 @@ from slurmagent.schedule.place import (
     usable,
     with_waits,
 )
-from slurmagent.schedule.predict import Prediction, predict
+from slurmagent.schedule.predict import SIGNAL_RESOLUTION_S, Prediction, predict, stop_lead_s
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.sbatch import sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
@@ -46,10 +46,11 @@ class Plan:
     candidates: list[Candidate] = field(default_factory=list)
     chosen: Candidate | None = None
     decisions: list[dict[str, str]] = field(default_factory=list)  # {key, value, why}
-    run_s: float = 0.0  # the run time the budget counts: predicted, else the time limit
-    counted_type: str | None = None  # the GPU type the budget prices it at (an any-type request: the slowest)
+    run_s: float = 0.0  # the run time its use counts (budget.BASIS): predicted, else the time limit
+    counted_type: str | None = None  # the GPU type its use is priced at (an any-type request: where it lands)
 
     def usage(self, site: SiteConf) -> Usage:
+        """The job's predicted use, on `budget.BASIS` (the same figures as its row in `plan`)."""
         res = self.resources
         return usage_of(res.gpus * res.nodes, self.run_s, self.counted_type or res.gpu_type, site)
 
@@ -114,14 +115,17 @@ def plan_spec(
     if not auto:
         return Plan(res, fp, pred, decisions=decisions, run_s=_run_s(res, pred, site))
     fallback_s = slurm_time_to_seconds(sched.fallback_time)
+    # a checkpointed job stops at Slurm's warning: its --time holds the warning's lead and a save
+    lead_s = stop_lead_s(spec.recovery.signal_delay_s, pred.checkpoint_s) if checkpointed(spec) else 0.0
     if cluster is None or slurm is None:  # local: no GPU types, no partitions
-        return _plan_local(spec, res, fp, pred, site, fallback_s, decisions)
+        return _plan_local(spec, res, fp, pred, site, fallback_s, decisions, lead_s)
 
     part_name = res.partition or cluster.default_partition or ""
     part = cluster.partitions.get(part_name)
     if part is not None and part.max_time_s is not None:
         fallback_s = min(fallback_s, part.max_time_s)
-    cands = candidates(res, need_gib, pred.reference_s, fallback_s, site, cluster, avoid, sched.inflation)
+    lead = lead_s if res.time == AUTO else 0.0
+    cands = candidates(res, need_gib, pred.reference_s, fallback_s, site, cluster, avoid, sched.inflation, lead)
     if not cands:
         raise ConfigError(
             f"resources.gpu_type=auto: no usable node of partition {part_name!r} has {res.gpus} GPU(s) of one type; "
@@ -144,21 +148,20 @@ def plan_spec(
                 lands_on[c.partition] = next((t for t in node.gpus if t), "")
         else:
             waits[(c.partition, c.gpu_type)] = (None, answer.error)
-    cands = with_waits(cands, waits, lands_on)
+    cands = with_waits(cands, waits, lands_on, site)
     if res.gpu_type == AUTO:
         chosen, why = choose(cands)
         decide("gpu_type", chosen.gpu_type, why)  # "any": an untyped --gres
         if res.partition is None:
             res = dataclasses.replace(res, partition=chosen.partition)
-    else:
-        chosen = next(c for c in cands if c.gpu_type == res.gpu_type or c.gpu_type is None)
-    resolved = _fill(res, chosen, chosen.run_s, pred, cluster, spec, site, decide)
-    counted = resolved
-    if chosen.gpu_type == ANY:  # the budget counts it at the slowest type's speed (where it may land)
-        slowest = min(chosen.by_type, key=lambda t: (site.gpu(t[0]) or GpuConf(0.0)).throughput)[0]
-        counted = dataclasses.replace(resolved, gpu_type=slowest)
-    run_s = _run_s(counted, pred, site)
-    return Plan(resolved, fp, pred, cands, chosen, decisions, run_s=run_s, counted_type=counted.gpu_type)
+    else:  # a typed request, an untyped one (the any-type candidate) or a CPU job
+        wanted = ANY if res.gpu_type is None and res.gpus > 0 else res.gpu_type
+        chosen = next(c for c in cands if c.gpu_type == wanted)
+    resolved = _fill(res, chosen, chosen.run_s, pred, cluster, spec, site, decide, lead)
+    limit = float(slurm_time_to_seconds(resolved.time))
+    run_s = min(chosen.predicted_s, limit) if pred.reference_s is not None else limit
+    counted = chosen.priced_as or resolved.gpu_type
+    return Plan(resolved, fp, pred, cands, chosen, decisions, run_s=run_s, counted_type=counted)
 
 
 def _run_s(res: ResourcesConf, pred: Prediction, site: SiteConf) -> float:
@@ -172,6 +175,19 @@ def _run_s(res: ResourcesConf, pred: Prediction, site: SiteConf) -> float:
     return min(predicted, limit) if limit else predicted
 
 
+def _lead_note(spec: JobSpec, pred: Prediction, lead_s: float) -> str:
+    """Why --time holds more than the prediction: the stop warning's lead, in its parts."""
+    save = (
+        f"{pred.checkpoint_s:.0f}s checkpoint (measured)"
+        if pred.checkpoint_s
+        else f"{lead_s - spec.recovery.signal_delay_s - SIGNAL_RESOLUTION_S:.0f}s checkpoint (none measured yet)"
+    )
+    return (
+        f" + {lead_s:.0f}s so it ends before the stop warning (recovery.signal_delay_s={spec.recovery.signal_delay_s}, "
+        f"{SIGNAL_RESOLUTION_S}s that Slurm may send it early, {save})"
+    )
+
+
 def _fill(
     res: ResourcesConf,
     chosen: Candidate,
@@ -181,8 +197,10 @@ def _fill(
     spec: JobSpec,
     site: SiteConf,
     decide: Callable[[str, Any, str], None] | None = None,
+    lead_s: float = 0.0,
 ) -> ResourcesConf:
-    """`res` with its auto values replaced for the chosen candidate."""
+    """`res` with its auto values replaced for the chosen candidate (`run_s`: its --time,
+    `lead_s` of it for the stop warning)."""
     note = decide or (lambda *_: None)
     nodes = [cluster.nodes[n] for n in chosen.nodes if n in cluster.nodes and usable(cluster.nodes[n], ())]
     out = res
@@ -193,23 +211,23 @@ def _fill(
         if cpus != res.cpus_per_task:
             out = dataclasses.replace(out, cpus_per_task=cpus)
             where = (
-                f"the {'/'.join(t for t, _ in chosen.by_type)} nodes" if chosen.by_type else f"a {chosen.label} node"
+                f"the {'/'.join(t for t, _ in chosen.by_type)} nodes" if chosen.by_type else f"the {chosen.label} nodes"
             )
             note("cpus_per_task", cpus, f"in proportion to {res.gpus} GPU(s) of {where}")
     if res.time == AUTO:
         time_s = run_s
         part = cluster.partitions.get(chosen.partition)
-        if part is not None and part.max_time_s is not None:
-            time_s = min(time_s, part.max_time_s)
+        capped = part is not None and part.max_time_s is not None and part.max_time_s < time_s
+        if capped and part is not None and part.max_time_s is not None:
+            time_s = part.max_time_s
         out = dataclasses.replace(out, time=seconds_to_slurm_time(time_s))
-        why = (
-            f"predicted: {pred.basis}, on {chosen.label}"
-            if pred.reference_s is not None
-            else f"no history: site.scheduling.fallback_time={site.scheduling.fallback_time}"
-        )
-        note("time", out.time, why)
+        if pred.reference_s is not None:
+            why = f"predicted: {pred.basis}, on {chosen.label}" + (_lead_note(spec, pred, lead_s) if lead_s else "")
+        else:
+            why = f"no history: site.scheduling.fallback_time={site.scheduling.fallback_time}"
+        note("time", out.time, why + (f"; capped at partition {chosen.partition}'s limit" if capped else ""))
         if res.time_min is None and checkpointed(spec):
-            lo = max(2 * spec.recovery.signal_delay_s + 60, site.scheduling.time_min_fraction * time_s)
+            lo = max(lead_s + 60, site.scheduling.time_min_fraction * time_s)
             lo = min(time_s, math.ceil(lo / 60) * 60)
             out = dataclasses.replace(out, time_min=seconds_to_slurm_time(int(lo)))
             note(
@@ -219,7 +237,7 @@ def _fill(
             )
     if res.mem == AUTO:
         if pred.mem_mb is not None:
-            mem_mb, why = pred.mem_mb, f"largest MaxRSS of recent runs × {site.scheduling.inflation}"
+            mem_mb, why = pred.mem_mb, pred.mem_basis
         else:
             mem_mb = proportional_mem_mb(out, nodes, out.gpu_type) or mem_to_mb(LOCAL_MEM_FALLBACK)
             why = "no history: a share of the node's memory in proportion to the GPUs (CPUs) asked"
@@ -236,16 +254,19 @@ def _plan_local(
     site: SiteConf,
     fallback_s: int,
     decisions: list[dict[str, str]],
+    lead_s: float = 0.0,
 ) -> Plan:
     out = res
     if res.gpu_type == AUTO:
         out = dataclasses.replace(out, gpu_type=None)
         decisions.append({"key": "resources.gpu_type", "value": "None", "why": "the local backend has no GPU types"})
     if res.time == AUTO:
-        seconds = pred.seconds_on(1.0, site.scheduling.inflation) or fallback_s
+        seconds = pred.seconds_on(1.0, site.scheduling.inflation, lead_s) or fallback_s
         out = dataclasses.replace(out, time=seconds_to_slurm_time(seconds))
-        decisions.append({"key": "resources.time", "value": out.time, "why": pred.basis})
+        why = pred.basis + (_lead_note(spec, pred, lead_s) if lead_s and pred.reference_s is not None else "")
+        decisions.append({"key": "resources.time", "value": out.time, "why": why})
     if res.mem == AUTO:
         out = dataclasses.replace(out, mem=f"{pred.mem_mb}M" if pred.mem_mb else LOCAL_MEM_FALLBACK)
-        decisions.append({"key": "resources.mem", "value": str(out.mem), "why": pred.basis})
+        why = pred.mem_basis or "no history: the local fallback"
+        decisions.append({"key": "resources.mem", "value": str(out.mem), "why": why})
     return Plan(out, fp, pred, decisions=decisions, run_s=_run_s(out, pred, site))

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurmagent.config import BudgetConf, budget_conf, site_conf
+from slurmagent.config import BudgetConf, SiteConf, budget_conf, site_conf
 from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
 from slurmagent.records import Action
+from slurmagent.runtime.env import Progress
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT, current_user
@@ -34,6 +35,15 @@ log = logging.getLogger(__name__)
 SPEND_EVERY_S = 10.0  # how often a budgeted sweep's spend is measured (one sacct call)
 INGEST_EVERY_S = 30.0  # ended tasks go to the history at most this often, and when the sweep is done
 INGEST_STATES = frozenset({"COMPLETED", "TIMEOUT", "OUT_OF_MEMORY"})
+
+
+def _number(value: Any) -> float:
+    """A figure from progress.json (written by the job: anything may be there); 0 = not reported."""
+    try:
+        out = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return out if out == out and out > 0 else 0.0  # NaN and negatives: not reported
 
 
 class UsageTracker:
@@ -91,8 +101,11 @@ class UsageTracker:
                 state.job_name,
                 gpu_type,
                 runs,
-                float(reported.get("steps_per_s") or 0.0),
-                float(reported.get("gpu_mem_peak_mb") or 0.0),
+                steps_per_s=_number(reported.get(Progress.STEPS_PER_S)),
+                gpu_mem_peak_mb=_number(reported.get(Progress.GPU_MEM_PEAK_MB)),
+                host_mem_peak_mb=_number(reported.get(Progress.HOST_MEM_PEAK_MB)),
+                gpu_oom_gib=self._gpu_oom_gib(task, site),
+                checkpoint_s=_number(reported.get(Progress.CHECKPOINT_S)),
             )
             if row is not None:
                 rows.append((task.index, row))
@@ -105,6 +118,16 @@ class UsageTracker:
             return False
         state.schedule["ingested"] = sorted({*state.schedule.get("ingested", []), *(i for i, _ in rows)})
         return True
+
+    def _gpu_oom_gib(self, task: TaskRecord, site: SiteConf) -> float:
+        """When the task's last failure was a GPU OOM: the memory of the GPU type it ran out on
+        (the type of the failed attempts' nodes; 0 when not known). The need is more than that,
+        even for a job that records no GPU peak (a plain script)."""
+        if not task.diagnosis or task.diagnosis.get("cause") != "gpu_oom":
+            return 0.0
+        failed = task.attempts if task.state != "COMPLETED" else task.attempts[:-1]
+        sizes = [site.memory_gib(self._type_of(a.nodes)) or 0.0 for a in failed if a.nodes]
+        return max(sizes, default=0.0)
 
     def _type_of(self, nodes: str) -> str:
         if self._node_types is None:
@@ -127,8 +150,9 @@ class UsageTracker:
         for job_id, runs in by_job.items():
             task = jobs.get(job_id)
             gpu_type = state.spec_of(task).get("resources", {}).get("gpu_type") if task is not None else None
-            for u in runs:
-                spent = spent + usage_of(u.gpus, u.elapsed_s, gpu_type, site)
+            for u in runs:  # an any-type request is priced at the type of the node each run ran on
+                ran_on = gpu_type or (self._type_of(u.nodes) if u.gpus and u.nodes else None)
+                spent = spent + usage_of(u.gpus, u.elapsed_s, ran_on, site)
         state.schedule["spent"] = dataclasses.asdict(spent)
         why = reached(budget, spent)
         if not why:

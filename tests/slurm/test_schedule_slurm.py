@@ -268,3 +268,83 @@ def test_urgent_priority_allowed_by_policy_preempts_background_which_resumes(slu
         r["action"] == "priority_urgent" and r["decision"] == "allow" and r["rule"] == "urgent-for-me:urgent-users"
         for r in audit
     )
+
+
+# a job's GPU memory, EMULATED (there is no GPU on the test cluster: its GPUs are Slurm's fake GRES
+# devices): the GPU it has is the type of the node Slurm started it on, with the site catalogue's
+# memory; a job that needs more raises torch's own OutOfMemoryError with CUDA's message
+EMULATED_GPU = """
+import os
+import subprocess
+
+import torch
+
+from slurmagent.config import default_site
+
+
+def train(cfg):
+    node = os.environ["SLURMD_NODENAME"]
+    shown = subprocess.run(["scontrol", "show", "node", node, "-o"], capture_output=True, text=True).stdout
+    gres = next(f for f in shown.split() if f.startswith("Gres="))  # Gres=gpu:t4:2
+    gpu_type = gres.split(":")[1]
+    have = default_site().memory_gib(gpu_type)
+    need = float(cfg.need_gib)
+    if need > have - 1:
+        raise torch.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {need:.2f} GiB. GPU 0 has a total capacity of {have:.2f} GiB "
+            "(emulated GPU: no NVIDIA GPU on this machine)"
+        )
+    return {"gpu_type": gpu_type, "node": node}
+"""
+
+
+def test_an_any_type_job_out_of_gpu_memory_is_resubmitted_on_a_type_with_more_memory(
+    slurm_conf: str, tmp_path: Path
+) -> None:
+    """`resources.gpus=1` without a type (what `auto` asks for a plain script) that Slurm starts
+    on a t4 and that needs 20 GiB of GPU memory (emulated GPU, see EMULATED_GPU) fails with a GPU
+    OOM; recovery resubmits it on the a100 (more memory than the t4 it ran on), where it completes.
+    Then the history says the work needs more than a t4, and `plan` no longer offers one."""
+    (tmp_path / "emulated_gpu.py").write_text(EMULATED_GPU)
+    # both a100 GPUs held for a moment, so that the untyped request starts on a t4
+    block = ["sbatch", "--parsable", "-p", "low", "-w", "a100-1", "--gres=gpu:a100:2", "-c", "1", "--mem=100M"]
+    blocker = subprocess.run([*block, "-t", "5", "-o", "/dev/null", "--wrap", "sleep 300"],
+                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    work = ["task.target=emulated_gpu:train", "+need_gib=20", "cluster=slurm", "resources.gpus=1"]
+    sweep = tmp_path / "sweep"
+    try:
+        wait_for(lambda: scontrol_job(blocker).get("JobState") == "RUNNING", "the a100s to be held", 60)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slurmagent", *work, *POLL, "-m", "resources.mem=1G", "resources.time=00:05:00",
+             f"hydra.sweep.dir={sweep}"],
+            cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        first = wait_for(
+            lambda: next((t["attempts"][0] for t in sweep_state(sweep)["tasks"] if t["attempts"] and
+                          t["attempts"][0].get("nodes")), None) if (sweep / "sweep.json").exists() else None,
+            "the first run to start", 120, interval=0.5,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["scancel", blocker], capture_output=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    state = sweep_state(sweep)
+    (task,) = state["tasks"]
+    assert first["nodes"].startswith("t4-"), first
+    assert task["state"] == "COMPLETED" and task["result"] == {"gpu_type": "a100", "node": "a100-1"}, task
+    assert [a["nodes"] for a in task["attempts"]][-1] == "a100-1" and len(task["attempts"]) == 2, task
+    assert state["specs"][task["spec_id"]]["resources"]["gpu_type"] == "a100"  # the resubmission's request
+    audit = [json.loads(line) for line in (sweep / "audit.jsonl").read_text().splitlines()]
+    (decision,) = [r for r in audit if r["type"] == "decision" and r["action"] == "resubmit"]
+    assert decision["params"] == {"gpu_type": [None, "a100"]}, decision
+    assert "GPU OOM on t4 (any type asked; it ran on t4-" in decision["reason"], decision
+    rows = wait_for(
+        lambda: [r for fp in _fingerprints(tmp_path) for r in HistoryStore(tmp_path / "state" / HISTORY).recent(fp)],
+        "the task in the history", 30,
+    )  # fmt: skip
+    assert [(r.gpu_oom_gib, r.gpu_type) for r in rows] == [(16.0, "a100")], rows
+    planned = cli(["plan", *work, "resources.gpu_type=auto", "resources.time=auto", "--json"], tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    fits = {c["gpu_type"]: c["fits"] for c in plan["candidates"]}
+    assert fits == {"a100": True, "t4": False} and plan["resources"]["gpu_type"] == "a100", plan["candidates"]

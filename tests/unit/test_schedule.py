@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from slurmagent.schedule.predict import predict
 from slurmagent.slurm.cluster import parse_cluster
 from slurmagent.slurm.sbatch import sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI, parse_test_only, parse_usage
+from slurmagent.slurm.syntax import slurm_time_to_seconds
 
 # the test cluster's sinfo (tests/unit/test_slurm_parse.py), with t4-2 drained
 SINFO_NODES = RECORDED_NODES.replace("gpu:t4:2|t4,gpu|mixed", "gpu:t4:2|t4,gpu|drained")
@@ -181,7 +183,9 @@ def test_predictor_gpu_memory_from_the_measured_peaks() -> None:
     rows = [dataclasses.replace(row(60, at=2), gpu_mem_peak_mb=20480.0), row(60, at=1)]  # 20 GiB, not reported
     pred = predict(rows, site)
     assert pred.gpu_mem_gib == pytest.approx(24.0)  # 20 GiB × 1.2
-    assert "GPU memory: peak 20.00 GiB measured, × 1.2 = 24.00 GiB" in pred.basis
+    assert (
+        pred.gpu_basis == "peak 20.00 GiB measured, × 1.2 = 24.00 GiB" and "GPU" not in pred.basis
+    )  # not in the time's
     assert predict([row(60)], site).gpu_mem_gib is None  # none measured: the config's estimate stands
 
 
@@ -193,7 +197,8 @@ def test_placement_picks_the_smallest_gpu_that_fits_and_avoids_drained_nodes() -
     assert {(c.partition, c.gpu_type) for c in cands} == {("low", "a100"), ("low", "t4"), ("low", "any")}
     t4 = next(c for c in cands if c.gpu_type == "t4")
     assert t4.nodes == ("t4-1",)  # t4-2 is drained
-    assert t4.run_s == 4020 and t4.cost == pytest.approx(4020 / 3600 * 0.35)  # 4000 s in whole minutes
+    assert t4.run_s == 4020 and t4.predicted_s == 4000  # --time in whole minutes; the prediction itself
+    assert t4.cost == pytest.approx(4000 / 3600 * 0.35) and t4.gpu_hours == pytest.approx(4000 / 3600)  # budget.BASIS
     both_free = with_waits(cands, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")})
     chosen, why = choose(both_free)
     assert chosen.gpu_type == "a100" and "earliest predicted finish" in why  # a t4 runs 6.7× longer
@@ -202,7 +207,7 @@ def test_placement_picks_the_smallest_gpu_that_fits_and_avoids_drained_nodes() -
     # one request for either type: Slurm would start it now on a t4; as soon as the t4 alone, and more flexible
     waits = {("low", "a100"): (7200.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (0.0, "")}
     either, why = choose(with_waits(cands, waits, {"low": "t4"}))
-    assert either.gpu_type == "any" and either.run_s == 4020 and either.expected_run_s == 4020
+    assert either.gpu_type == "any" and either.run_s == 4020 and either.expected_run_s == 4000
     assert "Slurm starts it on whichever of a100/t4 frees first; --time covers the slowest (4020s)" in why
     assert choose(with_waits(cands, {**waits, ("low", "a100"): (0.0, "")}, {"low": "t4"}))[0].gpu_type == "a100"
     no_history = candidates(res, 3.0, None, 1800, site, CLUSTER)
@@ -266,9 +271,10 @@ def test_plan_resolves_every_auto_value_and_records_why(tmp_path: Path) -> None:
     )  # fmt: skip
     res = plan.resources
     # the a100 would start in 30 min and run 3 min; a t4 starts now and runs 120 × 1.2 / 0.15 s = 16 min: a
-    # request for either type finishes as early, and may start sooner on an a100 freed later
-    assert res.gpu_type is None and res.partition == "low" and res.time == "00:16:00" and res.mem == "896M"
-    assert sbatch_flags(res)["gres"] == "gpu:1" and res.time_min == "00:04:00" and res.cpus_per_task == 2
+    # request for either type finishes as early, and may start sooner on an a100 freed later. Its --time: 16 min
+    # + 150 s for the stop warning (60 s signal delay + 60 s Slurm's resolution + a 30-s save) = 19 min
+    assert res.gpu_type is None and res.partition == "low" and res.time == "00:19:00" and res.mem == "896M"
+    assert sbatch_flags(res)["gres"] == "gpu:1" and res.time_min == "00:05:00" and res.cpus_per_task == 2
     assert {d["key"] for d in plan.decisions} >= {"resources.gpu_type", "resources.time", "resources.mem"}
     assert len(slurm.asked) == 3 and all("time-min" not in f for f in slurm.asked)
     assert plan.run_s == pytest.approx(960) and plan.usage(default_site()).gpu_hours == pytest.approx(960 / 3600)
@@ -287,7 +293,7 @@ def test_plan_sizes_gpu_memory_from_the_peak_measured_on_this_work(tmp_path: Pat
     t4 = next(c for c in plan.candidates if c.gpu_type == "t4")
     assert not t4.fits and t4.fit_note == "16 GiB < 24.00 GiB needed"
     assert plan.resources.gpu_type == "a100" and [f["gres"] for f in slurm.asked] == ["gpu:a100:1"]
-    assert "peak 20.00 GiB measured" in plan.prediction.basis
+    assert "peak 20.00 GiB measured" in plan.prediction.gpu_basis
 
 
 def test_the_history_row_carries_the_runtimes_gpu_peak(tmp_path: Path, own_state_dir: Path) -> None:
@@ -377,3 +383,326 @@ def test_the_runtime_reads_a_real_cuda_allocators_peak() -> None:
     peak = gpu_memory_peak_mb()
     del block
     assert peak is not None and peak >= 256
+
+
+# -- issue 25: auto on real workloads ----------------------------------------------------------
+OOM_LOG = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 14.00 GiB (emulated GPU: none here)"
+
+
+def test_an_any_type_job_out_of_gpu_memory_moves_to_a_type_with_more_memory_than_it_ran_on() -> None:
+    """A job asking for any GPU type (no gpu_type: what `auto` asks for plain scripts) that ran
+    out of GPU memory on a t4 is resubmitted on the a100, not given up; it also stops with the
+    reason when its only bigger GPUs are excluded."""
+    from slurmagent.recovery.diagnose import diagnose
+    from slurmagent.recovery.plan import Resubmit, Stop, plan
+
+    full = parse_cluster(RECORDED_NODES, SINFO_PARTS, {})  # t4-1, t4-2 and a100-1 usable
+    diag = diagnose("FAILED", {"err": OOM_LOG})
+    spec = job_spec({"task": {"target": "a:b"}, "resources": {"gpus": 1, "mem": "1G"}})
+    step = plan(spec, 1, diag, "t4-2", full, site=default_site())
+    assert isinstance(step, Resubmit), step
+    assert step.changes == {"gpu_type": (None, "a100")} and step.resources.gpu_type == "a100"
+    assert step.reason == "GPU OOM on t4 (any type asked; it ran on t4-2): resubmit on a100"
+    excluded = dataclasses.replace(spec, resources=dataclasses.replace(spec.resources, exclude="a100-1"))
+    stop = plan(excluded, 1, diag, "t4-2", full, site=default_site())
+    assert isinstance(stop, Stop) and "no GPU type with more memory than t4 (16 GiB)" in stop.reason
+    assert "outside resources.exclude=a100-1" in stop.reason
+
+
+def test_the_history_keeps_a_gpu_oom_and_plan_then_leaves_out_the_types_too_small(
+    tmp_path: Path, own_state_dir: Path
+) -> None:
+    """The task above completed on the a100 after its OOM on a t4; it recorded no GPU peak (a
+    plain script). Its history row says it needs more than a t4's 16 GiB, and the next plan of
+    the same work does not offer the t4 (was: "need unknown → every type here fits")."""
+    from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+    from slurmagent.supervise.usage import UsageTracker
+
+    sacct = (
+        "1800|slurmagent|low|00:00:09|00:10:00||1G|00:00.5|FAILED|t4-2|billing=1,cpu=1,gres/gpu=1,mem=1G,node=1|x|\n"
+        "1801|slurmagent|low|00:00:40|00:10:00||1G|00:00.5|COMPLETED|a100-1|billing=1,cpu=1,gres/gpu=1,mem=1G,node=1|x|\n"
+    )
+
+    class RecordedSacct(SlurmCLI):
+        def usage(self, job_ids):  # type: ignore[no-untyped-def]
+            return parse_usage(sacct)
+
+        def node_gpu_types(self):  # type: ignore[no-untyped-def]
+            return {"t4-1": "t4", "t4-2": "t4", "a100-1": "a100"}
+
+    task = TaskRecord(0, ["x=1"], [Attempt("1800", 0.0, nodes="t4-2"), Attempt("1801", 1.0, nodes="a100-1")])
+    task.state, task.diagnosis = "COMPLETED", {"cause": "gpu_oom"}
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path), 0.0, [task], array_ids=["1800", "1801"])
+    state.job_name = "slurmagent"
+    assert UsageTracker(RecordedSacct(runner=lambda argv, timeout: "")).poll(state, ended=1)
+    fp = fingerprint("slurmagent", ["x=1"], SchedulingConf().ignore_in_fingerprint)
+    store = HistoryStore(own_state_dir / "history.sqlite")
+    (hist,) = store.recent(fp)
+    assert hist.gpu_oom_gib == 16 and hist.gpu_mem_peak_mb == 0 and hist.gpu_type == "a100"  # where it completed
+    spec = job_spec({"resources": {"gpus": 1, "gpu_type": "auto", "time": "auto"}, "task": {"target": "m:f"}})
+    slurm = RecordedSlurm(
+        {"gpu:a100:1": ("2026-12-01T12:00:00", "a100-1"), "gpu:t4:1": ("2026-12-01T12:00:00", "t4-1")}
+    )
+    chosen = plan_spec(spec, fp, site=default_site(), history=store, cluster=CLUSTER, slurm=slurm)
+    t4 = next(c for c in chosen.candidates if c.gpu_type == "t4")
+    assert not t4.fits and t4.fit_note == "16 GiB < 16.00 GiB needed" and chosen.resources.gpu_type == "a100"
+    assert "ran out of memory on a 16 GiB GPU" in chosen.prediction.gpu_basis
+
+
+# what sacct says of a short job killed at 512M and 768M before it completed at 1152M: MaxRSS is a
+# sample (JobAcctGatherFrequency, 30 s), and these runs lasted seconds — a few MB whatever they held
+SHORT_OOM = """\
+1900|short|low|00:00:04|00:10:00||512M|00:00.5|OUT_OF_MEMORY|cpu-1|billing=1,cpu=1,mem=512M,node=1|x|
+1900.batch|batch||00:00:04||2900K||00:00.1|OUT_OF_MEMORY|cpu-1|cpu=1,mem=512M,node=1|x|
+1901|short|low|00:00:05|00:10:00||768M|00:00.5|OUT_OF_MEMORY|cpu-1|billing=1,cpu=1,mem=768M,node=1|x|
+1901.batch|batch||00:00:05||3100K||00:00.1|OUT_OF_MEMORY|cpu-1|cpu=1,mem=768M,node=1|x|
+1902|short|low|00:00:06|00:10:00||1152M|00:00.5|COMPLETED|cpu-1|billing=1,cpu=1,mem=1152M,node=1|x|
+1902.batch|batch||00:00:06||3000K||00:00.1|COMPLETED|cpu-1|cpu=1,mem=1152M,node=1|x|
+"""
+
+
+def test_memory_history_after_an_oom_ended_short_run_is_at_least_the_limit_it_died_at() -> None:
+    site = default_site()
+    runs = parse_usage(SHORT_OOM)
+    died = row_from_usage("fp", "s#0", "short", "", runs[:1])  # a task that ended killed at 512M
+    assert died is not None and died.state == "OUT_OF_MEMORY" and died.max_rss_mb < 5
+    assert died.oom_mem_mb == 512 and died.mem_need_mb >= 512  # was: 2.8 MB
+    assert predict([died], site).mem_mb == 1024  # it needed more than it had: twice its limit
+    done = row_from_usage("fp", "s#1", "short", "", runs)  # killed at 512M and 768M, then completed at 1152M
+    assert done is not None and done.state == "COMPLETED" and done.oom_mem_mb == 768 and done.mem_need_mb >= 768
+    pred = predict([done], site)
+    assert pred.mem_mb is not None and pred.mem_mb >= 1152  # what it completed under (was: 512M, the floor)
+    assert "1152 MB it completed under after an OOM" in pred.mem_basis
+    # later runs too short to be sampled (3 MB each) do not lower it
+    short = [
+        dataclasses.replace(row(5, "", rss=3.0, at=10 + i), fingerprint="fp", task_key=f"s#{i + 2}", req_mem_mb=1152)
+        for i in range(8)
+    ]
+    assert predict([*reversed(short), dataclasses.replace(done, ended_at=1.0)], site).mem_mb == pred.mem_mb
+    # a long run's MaxRSS is a real sample, and the runtime's own peak is exact: both count
+    measured = dataclasses.replace(row(300, "", rss=3.0, at=50), host_mem_peak_mb=900.0)
+    assert predict([measured], site).mem_mb == 1088  # 900 × 1.2 in 64 MB steps
+    assert "the runtime's own peak" in predict([measured], site).mem_basis
+
+
+def test_the_ingest_takes_the_runtimes_host_peak_over_a_sampled_maxrss(tmp_path: Path, own_state_dir: Path) -> None:
+    from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+    from slurmagent.supervise.usage import UsageTracker
+
+    class RecordedSacct(SlurmCLI):
+        def usage(self, job_ids):  # type: ignore[no-untyped-def]
+            return [u for u in parse_usage(SHORT_OOM) if u.job_id == "1902"]
+
+    task = TaskRecord(0, ["y=1"], [Attempt("1902", 0.0, nodes="cpu-1")], state="COMPLETED")
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path), 0.0, [task], array_ids=["1902"])
+    state.job_name = "short"
+    (tmp_path / "0").mkdir()
+    progress = {"step": 5, "host_mem_peak_mb": 930.5, "checkpoint_s": 2.5, "steps_per_s": "bad"}
+    (tmp_path / "0" / "progress.json").write_text(json.dumps(progress))
+    assert UsageTracker(RecordedSacct(runner=lambda argv, timeout: "")).poll(state, ended=1)
+    (hist,) = HistoryStore(own_state_dir / "history.sqlite").recent(
+        fingerprint("short", ["y=1"], SchedulingConf().ignore_in_fingerprint)
+    )
+    assert hist.max_rss_mb < 5 and hist.host_mem_peak_mb == 930.5 and hist.mem_need_mb == 930.5
+    assert hist.checkpoint_s == 2.5 and hist.steps_per_s == 0.0  # what is not a number is not reported
+    assert predict([hist], default_site()).mem_mb == 1152  # 930.5 × 1.2, in 64 MB steps
+
+
+def test_the_runtime_records_its_own_and_a_commands_host_memory_peak(tmp_path: Path) -> None:
+    """ru_maxrss is the kernel's high-water mark: a child that held 150 MB for a moment and
+    exited is seen whole (sacct's sample every 30 s would have missed it)."""
+    import torch
+
+    from slurmagent.config import CheckpointConf
+    from slurmagent.job.task import run_command
+    from slurmagent.runtime import StepLoop, context_from_env
+    from slurmagent.runtime.torch_state import TorchState
+
+    model = torch.nn.Linear(2, 1)
+    state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loop = StepLoop(
+        context_from_env({}, output_dir=tmp_path / "loop"), state, 3, CheckpointConf(every_steps=1),
+        install_signal_handlers=False,
+    )  # fmt: skip
+    for _ in loop:
+        loop.report(loss=1.0)
+    body = json.loads((tmp_path / "loop" / "progress.json").read_text())
+    assert body["host_mem_peak_mb"] > 10 and body["checkpoint_s"] > 0  # the interpreter and torch, at least
+    ctx = context_from_env({}, output_dir=tmp_path / "cmd")
+    hold = "import time; b = bytearray(150 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.1)"
+    run_command([sys.executable, "-c", hold], ctx)
+    peak = json.loads((tmp_path / "cmd" / "progress.json").read_text())["host_mem_peak_mb"]
+    assert peak >= 150, peak
+
+
+@pytest.mark.parametrize("predicted_s", [10.0, 60.0, 600.0])
+def test_an_auto_limit_covers_the_prediction_the_stop_warnings_lead_and_a_checkpoint(
+    tmp_path: Path, predicted_s: float
+) -> None:
+    """A checkpointed job's --time: its prediction, + recovery.signal_delay_s, + the 60 s by
+    which Slurm may send the warning early (sbatch(1)), + a checkpoint save (measured: 20 s);
+    --time-min leaves it a minute of work before the warning."""
+    from slurmagent.schedule.predict import SIGNAL_RESOLUTION_S
+
+    store = HistoryStore(tmp_path / "h.sqlite")
+    elapsed = predicted_s / 1.2  # the prediction is the mean × 1.2 inflation
+    store.add([dataclasses.replace(row(elapsed, "a100", at=1), checkpoint_s=20.0)])
+    for delay in (60, 90):
+        spec = job_spec(
+            {
+                "resources": {"gpus": 1, "gpu_type": "a100", "time": "auto"},
+                "checkpoint": {"every_steps": 50},
+                "recovery": {"signal_delay_s": delay},
+                "task": {"target": "m:f"},
+            }
+        )
+        slurm = RecordedSlurm({"gpu:a100:1": ("2026-12-01T12:00:00", "a100-1")})
+        plan = plan_spec(spec, "fp", site=default_site(), history=store, cluster=CLUSTER, slurm=slurm)
+        limit = slurm_time_to_seconds(plan.resources.time)
+        assert plan.chosen is not None and plan.chosen.predicted_s == pytest.approx(predicted_s)
+        assert limit >= predicted_s + delay + SIGNAL_RESOLUTION_S + 20, (predicted_s, delay, plan.resources.time)
+        assert limit - (predicted_s + delay + SIGNAL_RESOLUTION_S + 20) < 60  # whole minutes, no more
+        time_min = slurm_time_to_seconds(str(plan.resources.time_min))
+        assert min(limit, delay + SIGNAL_RESOLUTION_S + 20 + 60) <= time_min <= limit
+        why = next(d["why"] for d in plan.decisions if d["key"] == "resources.time")
+        assert f"recovery.signal_delay_s={delay}" in why and "20s checkpoint (measured)" in why
+    plain = job_spec({"resources": {"gpus": 1, "gpu_type": "a100", "time": "auto"}, "checkpoint": {"every_steps": 0},
+                      "task": {"target": "m:f"}})  # fmt: skip
+    slurm = RecordedSlurm({"gpu:a100:1": ("2026-12-01T12:00:00", "a100-1")})
+    bare = plan_spec(plain, "fp", site=default_site(), history=store, cluster=CLUSTER, slurm=slurm)
+    assert slurm_time_to_seconds(bare.resources.time) == max(60, -(-int(predicted_s) // 60) * 60)  # no checkpoint
+
+
+def test_a_tie_in_start_and_finish_goes_to_the_any_type_request() -> None:
+    """On an idle cluster Slurm answers the a100 probe and the any-type probe a second apart,
+    both on a100-1: the same finish, give or take Slurm's clock. docs/scheduling.md: ties go to
+    the any-type request (it may start sooner elsewhere later)."""
+    import datetime as dt
+
+    now = dt.datetime(2026, 12, 1, 12, 0, 0).timestamp()
+    spec = job_spec({"resources": {"gpus": 1, "gpu_type": "auto", "time": "auto"}, "task": {"target": "m:f"}})
+    slurm = RecordedSlurm(
+        {
+            "gpu:a100:1": ("2026-12-01T12:00:00", "a100-1"),
+            "gpu:t4:1": ("2026-12-01T12:00:00", "t4-1"),
+            "gpu:1": ("2026-12-01T12:00:01", "a100-1"),  # asked a second later
+        }
+    )
+    plan = plan_spec(spec, "fp", site=default_site(), history=None, cluster=CLUSTER, slurm=slurm, now=now)
+    assert plan.chosen is not None and plan.chosen.gpu_type == "any" and plan.resources.gpu_type is None
+    why = next(d["why"] for d in plan.decisions if d["key"] == "resources.gpu_type")
+    assert "finishes 1s apart: a tie (within 180s), which goes to the any-type request" in why, why  # 5 % of 1 h
+    cands = candidates(ResourcesConf(gpus=1, gpu_type="auto"), 3.0, 600.0, 3600, default_site(), CLUSTER)
+    # the a100 alone finishes 120 s sooner than the any-type request landing on a t4: no tie
+    waits = {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (0.0, "")}
+    assert choose(with_waits(cands, waits, {"low": "t4"}))[0].gpu_type == "a100"
+    far = {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (25.0, "")}
+    assert choose(with_waits(cands, far, {"low": "a100"}))[0].gpu_type == "any"  # 25 s on 600: within 5 %
+    farther = {**far, ("low", "any"): (40.0, "")}
+    assert choose(with_waits(cands, farther, {"low": "a100"}))[0].gpu_type == "a100"  # 40 s: not a tie
+
+
+def test_every_gpu_hour_and_cost_comes_from_one_function_on_one_basis() -> None:
+    """`budget.usage_of` is the only code that prices GPU time; `plan`'s rows, its summary and
+    the launcher's budget check (Plan.usage) are the same figures on the predicted run time of
+    the type a job would run on (an any-type request: where Slurm would start it, not the
+    a100's price)."""
+    import ast
+
+    from slurmagent.schedule.budget import BASIS
+
+    root = Path(__file__).resolve().parents[2] / "slurmagent"
+    pricing = []
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef):
+                uses = [n for n in ast.walk(fn) if isinstance(n, ast.Attribute) and n.attr == "price_per_hour"]
+                if uses and path.name != "config.py":  # config.py validates the catalogue
+                    pricing.append(f"{path.relative_to(root)}:{fn.name}")
+    assert pricing == ["schedule/budget.py:usage_of"]
+    assert "predicted run time" in BASIS
+    site = default_site()
+    store_rows = [dataclasses.replace(row(100, "a100", at=1), fingerprint="fp")]
+
+    class History:
+        def recent(self, fp: str, limit: int = 20) -> list[HistoryRow]:
+            return store_rows
+
+    spec = job_spec({"resources": {"gpus": 2, "gpu_type": "auto", "time": "auto"}, "task": {"target": "m:f"}})
+    slurm = RecordedSlurm(
+        {
+            "gpu:a100:2": ("2026-12-01T13:00:00", "a100-1"),
+            "gpu:t4:2": ("2026-12-01T12:00:00", "t4-1"),
+            "gpu:2": ("2026-12-01T12:00:00", "t4-1"),
+        }
+    )
+    import datetime as dt
+
+    now = dt.datetime(2026, 12, 1, 12, 0, 0).timestamp()
+    plan = plan_spec(spec, "fp", site=site, history=History(), cluster=CLUSTER, slurm=slurm, now=now)  # type: ignore[arg-type]
+    for c in plan.candidates:
+        use = usage_of(c.gpus, c.predicted_s, c.priced_as, site)
+        assert (c.gpu_hours, c.cost) == (use.gpu_hours, use.cost), c
+    chosen = plan.chosen
+    assert chosen is not None and chosen.gpu_type == "any" and chosen.priced_as == "t4"  # where Slurm starts it
+    t4_s = 100 / site.gpu("t4").throughput * 1.2  # type: ignore[union-attr]
+    assert chosen.predicted_s == pytest.approx(t4_s) and chosen.cost == pytest.approx(2 * t4_s / 3600 * 0.35)
+    assert plan.usage(site) == Usage(chosen.gpu_hours, chosen.cost)  # the summary and the budget: the row's figures
+
+
+def test_status_spend_prices_an_any_type_job_at_the_type_it_ran_on(tmp_path: Path) -> None:
+    """An `auto` sweep that ran on a100-1 with an untyped request spent a100 time (was: cost 0.00)."""
+    from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+    from slurmagent.supervise.usage import UsageTracker
+
+    sacct = "2000|x|low|00:30:00|01:00:00||1G|00:00.5|RUNNING|a100-1|billing=1,cpu=1,gres/gpu=1,mem=1G,node=1|x|\n"
+
+    class RecordedSacct(SlurmCLI):
+        def usage(self, job_ids):  # type: ignore[no-untyped-def]
+            return parse_usage(sacct)
+
+        def node_gpu_types(self):  # type: ignore[no-untyped-def]
+            return {"a100-1": "a100", "t4-1": "t4"}
+
+    task = TaskRecord(0, ["x=1"], [Attempt("2000", 0.0)], state="RUNNING", spec_id="s")
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path), 0.0, [task], array_ids=["2000"])
+    state.specs = {"s": {"resources": {"gpus": 1, "gpu_type": None}}}
+    state.schedule = {"budget": {"gpu_hours": 100.0}}
+    assert UsageTracker(RecordedSacct(runner=lambda argv, timeout: "")).poll(state, ended=0)
+    assert state.schedule["spent"] == dataclasses.asdict(usage_of(1, 1800, "a100", default_site()))
+    assert state.schedule["spent"]["cost"] == pytest.approx(0.5 * 3.67)
+    from slurmagent.supervise.views import schedule_note
+
+    shown = schedule_note(state)  # status: the same figures, in the one format, its basis named
+    assert "spent 0.500 GPU-h, cost 1.83 (GPUs × elapsed (sacct) × the price/h of the type each run ran on)" in shown
+
+
+def test_an_untyped_gpu_request_with_an_auto_limit_is_planned_as_the_any_type_request() -> None:
+    """`resources.gpus=1 resources.time=auto` without a type (was: StopIteration)."""
+    spec = job_spec({"resources": {"gpus": 1, "time": "auto"}, "task": {"target": "m:f"}})
+    slurm = RecordedSlurm({"gpu:1": ("2026-12-01T12:00:00", "t4-1")})
+    plan = plan_spec(spec, "fp", site=default_site(), history=None, cluster=CLUSTER, slurm=slurm)
+    assert plan.chosen is not None and plan.chosen.gpu_type == "any" and plan.resources.gpu_type is None
+    assert plan.resources.time == "01:00:00" and [f["gres"] for f in slurm.asked] == ["gpu:1"]
+
+
+def test_plans_table_keeps_the_time_reason_to_time_and_says_when_the_need_is_not_known(tmp_path: Path) -> None:
+    spec = job_spec({"resources": {"gpus": 1, "gpu_type": "auto", "time": "auto"}, "task": {"target": "m:f"}})
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.add([dataclasses.replace(row(120, "a100", at=1), fingerprint="fp", gpu_mem_peak_mb=2048.0)])
+    slurm = RecordedSlurm(
+        {"gpu:a100:1": ("2026-12-01T12:00:00", "a100-1"), "gpu:t4:1": ("2026-12-01T12:00:00", "t4-1"),
+         "gpu:1": ("2026-12-01T12:00:00", "a100-1")}
+    )  # fmt: skip
+    plan = plan_spec(spec, "fp", site=default_site(), history=store, cluster=CLUSTER, slurm=slurm)
+    why = {d["key"]: d["why"] for d in plan.decisions}
+    assert "GPU memory" not in why["resources.time"] and "peak" not in why["resources.time"]
+    assert "peak 2.00 GiB measured" in plan.prediction.gpu_basis
+    unknown = plan_spec(spec, "other", site=default_site(), history=store, cluster=CLUSTER, slurm=slurm)
+    notes = {c.gpu_type: c.fit_note for c in unknown.candidates}
+    assert notes == {
+        "a100": "80 GiB, need not known",
+        "t4": "16 GiB, need not known",
+        "any": "16–80 GiB, need not known",
+    }
