@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -18,7 +19,13 @@ def test_the_offline_ask_tell_example_runs(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     best, spent = out.stdout.splitlines()
-    assert re.match(r"best: trial \d+ \{'lr': [\d.e-]+, 'width': (32|64|128)\} error 0\.\d+ after 27 epochs", best)
+    found = re.match(r"best: trial \d+ (\{.*\}) accuracy (0\.\d+) after 27 epochs", best)
+    assert found, best
+    params = ast.literal_eval(found.group(1))
+    assert params["width"] in (32, 64, 128, 256) and params["optim"] in ("sgd", "adam")
+    assert ("momentum" in params) == (params["optim"] == "sgd")  # the condition
+    assert params["lr"] == float(f"{params['lr']:.1g}")  # what ran: the rounded learning rate
+    assert float(found.group(2)) > 0.9  # maximised
     trained = int(re.search(r"epochs trained: (\d+)", spent).group(1))  # type: ignore[union-attr]
     assert 0 < trained < 60 * 27  # stopping the losers early spends a fraction of the full trainings
     # deterministic given the seed: the same output again
