@@ -460,7 +460,7 @@ def generate(workload: Workload, n: int, seeds: list[int], workers: int, out: Pa
     diverged = sum(any(v is None for c in r["val_error"] for v in c) for r in rows)
     print(
         f"{workload.name}: {len(rows)} configurations x {len(seeds)} seeds x {workload.max_fidelity} "
-        f"{workload.unit}s in {wall_s:.0f} s wall ({cpu_s:.0f} s CPU, {workers} workers); "
+        f"× {workload.unit} in {wall_s:.0f} s wall ({cpu_s:.0f} s CPU, {workers} workers); "
         f"{diverged} diverged in some seed; {out} ({out.stat().st_size / 1e3:.0f} KB)"
     )
 
