@@ -58,7 +58,7 @@ from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT, current_user
 from slurmagent.safety.policy import Policy, resolve_policy
-from slurmagent.slurm.cluster import ClusterInfo, check_fits
+from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE, ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.control import cancel_sweep
@@ -261,7 +261,7 @@ class ArrayLauncher:
                         f"resources.nodes={spec.resources.nodes}: the local backend runs on one machine; use a Slurm "
                         "cluster for multi-node jobs; nothing was submitted"
                     )
-        max_array = max_array or 1001
+        max_array = max_array or DEFAULT_MAX_ARRAY_SIZE
 
         return Checked(conf, console, sweep_dir, specs, backend, max_array, schedule, urgent)
 

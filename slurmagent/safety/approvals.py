@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.errors import ApprovalError, choices
-from slurmagent.records import APPROVAL_STATES, Action, ApprovalState, Decision
+from slurmagent.records import Action, ApprovalState, Decision
 from slurmagent.safety.paths import current_user
 
 SHARED_DIR_MODE = 0o1777
-STATES = APPROVAL_STATES
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class Vote:
 @dataclass(frozen=True)
 class Status:
     request: Request
-    state: ApprovalState  # one of STATES
+    state: ApprovalState  # one of records.APPROVAL_STATES
     approvers: list[str] = field(default_factory=list)
     rejecters: list[str] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)  # ID.done: ok, result, by, time

@@ -9,7 +9,6 @@ condition on a context value the action does not carry does not match.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -176,10 +175,6 @@ def load_policy(ref: str | Path | None = None, overrides: list[str] | None = Non
     except OmegaConfBaseException as exc:
         raise PolicyError(f"policy {ref}: {exc}") from None
     return parse_policy(raw, source)
-
-
-def policy_to_json(policy: RulePolicy) -> dict[str, Any]:
-    return dataclasses.asdict(policy)
 
 
 SWEEP_POLICY_FILE = "policy.yaml"

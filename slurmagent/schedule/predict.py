@@ -156,8 +156,3 @@ def _mem(rows: Sequence[HistoryRow], conf: SchedulingConf) -> tuple[int | None, 
         mem = max(enough)
         why += f"; at least the {mem:.0f} MB it completed under after an OOM (its peak was not measured)"
     return max(MIN_MEM_MB, math.ceil(mem / MEM_STEP_MB) * MEM_STEP_MB), why
-
-
-def relative_error(predicted_s: float, actual_s: float) -> float:
-    """(predicted − actual) / actual: positive = over-estimate."""
-    return (predicted_s - actual_s) / actual_s if actual_s > 0 else 0.0

@@ -38,11 +38,15 @@ class PartitionInfo:
     default: bool = False
 
 
+# Slurm's default MaxArraySize (slurm.conf(5)): a cluster that does not say otherwise takes arrays of up to 1,001 tasks
+DEFAULT_MAX_ARRAY_SIZE = 1001
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     partitions: dict[str, PartitionInfo]
     nodes: dict[str, NodeInfo]
-    max_array_size: int = 1001
+    max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
 
     @property
     def default_partition(self) -> str | None:
@@ -88,7 +92,7 @@ def parse_cluster(nodes_out: str, parts_out: str, config: dict[str, str]) -> Clu
             nodes=tuple(members.get(name, [])),
             default=flagged.endswith("*"),
         )
-    max_array = int(config.get("MaxArraySize", "1001") or 1001)
+    max_array = int(config.get("MaxArraySize") or DEFAULT_MAX_ARRAY_SIZE)
     return ClusterInfo(partitions=partitions, nodes=nodes, max_array_size=max_array)
 
 

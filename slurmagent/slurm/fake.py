@@ -39,6 +39,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE
 from slurmagent.slurm.syntax import (
     expand_array_id,
     parse_gres,
@@ -130,7 +131,7 @@ class FakeSlurm:
         root: str | os.PathLike[str],
         nodes: list[FakeNode] | None = None,
         kill_wait_s: float = 2.0,
-        max_array_size: int = 1001,
+        max_array_size: int = DEFAULT_MAX_ARRAY_SIZE,
         python: str = sys.executable,
         requeue_delay_s: float = 0.5,
         accounting_lag_s: float = 0.0,

@@ -20,6 +20,7 @@ from submitit.core.utils import JobPaths
 
 from slurmagent.errors import SlurmAgentError
 from slurmagent.recovery.diagnose import TRACEBACK_HEAD, clean_traceback, outside_tracebacks, python_error
+from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
 from slurmagent.supervise.lead import Lead
 from slurmagent.supervise.procs import pid_alive
@@ -196,7 +197,9 @@ class Supervisor:
             return False
         self._last_submit_try = now
         slurm = self.slurm if state.backend == "slurm" else None
-        report = submit_waiting(state, lambda: self.store.write(state), self.submit, slurm, state.max_array or 1001)
+        report = submit_waiting(
+            state, lambda: self.store.write(state), self.submit, slurm, state.max_array or DEFAULT_MAX_ARRAY_SIZE
+        )
         if report.submitted or report.refused:
             held = f"; {report.waiting} still wait: {report.held_back}" if report.waiting else ""
             refused = f"; Slurm refused {report.refused_tasks}: {report.refused}" if report.refused else ""
