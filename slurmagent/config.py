@@ -303,6 +303,9 @@ class HpoConf:
 
 
 HPO_DIRECTIONS = ("minimize", "maximize")
+# the keys the search sweeper sets in each trial (HpoConf.stop_at, HpoConf.trial), as overrides
+HPO_STOP_AT = "hpo.stop_at"
+HPO_TRIAL = "hpo.trial"
 
 
 def hpo_conf(data: Mapping[str, Any] | None) -> HpoConf:

@@ -36,6 +36,7 @@ from slurmagent.runtime.signals import StopFlag, install_handlers, restore_handl
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.gate import Gate
+from slurmagent.safety.paths import SWEEP_AUDIT
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.slurm.syntax import parse_time_limit
 
@@ -99,7 +100,7 @@ def count_time_limit_requeue(ctx: JobContext) -> int:
 def job_gate(ctx: JobContext, slurm: SlurmCLI) -> Gate:
     """The gate as a running job uses it: the sweep's policy, kill switch and audit log."""
     sweep = ctx.sweep_dir or ctx.output_dir
-    return Gate(AuditLog(sweep / "audit.jsonl"), standalone_executors(sweep, slurm), job=ctx.slurm_requeue_id or "")
+    return Gate(AuditLog(sweep / SWEEP_AUDIT), standalone_executors(sweep, slurm), job=ctx.slurm_requeue_id or "")
 
 
 def job_action(
@@ -167,7 +168,7 @@ class LoopApprover:
             except Exception as exc:  # the change failed: an outcome for the audit log, not a crash
                 raise SlurmAgentError(f"{kind} failed in the training loop: {exc}") from exc
 
-        gate = Gate(AuditLog(self.sweep / "audit.jsonl"), {kind: run}, job=self.target)
+        gate = Gate(AuditLog(self.sweep / SWEEP_AUDIT), {kind: run}, job=self.target)
         outcome = gate.request(action)
         verdict = "held" if outcome.held else outcome.decision.verdict
         return Approval(outcome.executed, verdict, outcome.decision.rule, dict(outcome.result))

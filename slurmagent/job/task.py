@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from slurmagent.config import JobSpec, job_spec, resolve_target, spec_dict
+from slurmagent.config import HPO_STOP_AT, JobSpec, job_spec, resolve_target, spec_dict
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.job.boot import release_stop_signals
 from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
@@ -65,7 +65,7 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
     spec = job_spec(spec_dict(cfg), require_task=require_task)
     slurm = SlurmCLI()
     ctx = build_context(spec)
-    stop_at = OmegaConf.select(cfg, "hpo.stop_at", default=0)  # a search trial's rung (the HPO sweeper sets it)
+    stop_at = OmegaConf.select(cfg, HPO_STOP_AT, default=0)  # a search trial's rung (the HPO sweeper sets it)
     if isinstance(stop_at, int) and stop_at > 0:
         ctx = replace(ctx, stop_at=stop_at)
     ctx = replace(ctx, approve=LoopApprover(ctx))  # the step loop's in-loop actions go through the gate

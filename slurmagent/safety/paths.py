@@ -11,7 +11,7 @@ import os
 import pwd
 from pathlib import Path
 
-SWEEP_AUDIT = "audit.jsonl"
+SWEEP_AUDIT = "audit.jsonl"  # the audit log's name: a sweep's, and the user's own in the state dir
 SWEEP_HISTORY = "history.jsonl"
 PAUSE_FILE = "PAUSED"
 APPROVALS_DIR = "approvals"
@@ -26,7 +26,7 @@ def state_dir() -> Path:
 
 
 def user_audit_path() -> Path:
-    return state_dir() / "audit.jsonl"
+    return state_dir() / SWEEP_AUDIT
 
 
 def approvals_dir(sweep_dir: Path) -> Path:

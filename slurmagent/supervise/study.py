@@ -34,7 +34,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from slurmagent.config import HpoConf, hpo_conf
+from slurmagent.config import HPO_STOP_AT, HPO_TRIAL, HpoConf, hpo_conf
 from slurmagent.errors import SweepStateError
 from slurmagent.files import atomic_write
 from slurmagent.hpo.core import Ask, Optimizer, TrialInfo
@@ -49,8 +49,7 @@ from slurmagent.supervise.views import STUDY_BEST, STUDY_SETTINGS, STUDY_TRIALS,
 log = logging.getLogger(__name__)
 
 SETTINGS, TRIALS, BEST = STUDY_SETTINGS, STUDY_TRIALS, STUDY_BEST
-STOP_AT = "hpo.stop_at"
-TRIAL = "hpo.trial"
+STOP_AT, TRIAL = HPO_STOP_AT, HPO_TRIAL
 
 
 @dataclasses.dataclass(frozen=True)
