@@ -26,7 +26,7 @@ from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
 from slurmagent.runtime.env import JobEnv
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
-from slurmagent.slurm.sbatch import requeue_flag, safe_job_name, sbatch_flags, signal_flag
+from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")
@@ -136,8 +136,7 @@ def render(
             mode=mode,
             job_name=name,
             flags=flags,
-            signal=signal_flag(spec.recovery, batch_shell=(mode == "command")),
-            requeue=requeue_flag(spec.recovery),
+            stop_flags=stop_flags(spec.recovery, batch_shell=(mode == "command")),
             output=output_line,
             run_dir=str(run_dir),
             env=_job_env(mode, spec, ckpt),

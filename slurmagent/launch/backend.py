@@ -19,7 +19,7 @@ from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
 from slurmagent.job.boot import staged_pickle
 from slurmagent.job.runner import SweepRunner, TaskPayload
-from slurmagent.slurm.sbatch import requeue_flag, sbatch_flags
+from slurmagent.slurm.sbatch import sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.slurm.syntax import slurm_time_to_seconds, time_to_minutes
 from slurmagent.supervise.state import SweepState, TaskRecord
@@ -58,7 +58,9 @@ def slurm_parameters(
     """submitit SlurmExecutor parameters for one array of tasks sharing `spec`; `comment`
     marks the job for finding it again (supervise/submission.py) unless the user set one."""
     params: dict[str, Any] = {"job_name": job_name}
-    additional: dict[str, Any] = {requeue_flag(spec.recovery): True, "open-mode": "append"}
+    # job steps (srun) get the signal: submitit runs the task under srun
+    stop = stop_flags(spec.recovery, batch_shell=False)
+    additional: dict[str, Any] = {flag: True if value is None else value for flag, value in stop.items()}
     for flag, value in sbatch_flags(spec.resources).items():
         key = flag.replace("-", "_")
         if flag == "time":
@@ -67,8 +69,6 @@ def slurm_parameters(
             params[key] = int(value) if key in ("nodes", "ntasks_per_node", "cpus_per_task") else value
         else:
             additional[flag] = value
-    # job steps (srun) get the signal: submitit runs the task under srun
-    additional["signal"] = f"{spec.recovery.signal}@{spec.recovery.signal_delay_s}"
     if comment and "comment" not in additional:
         additional["comment"] = comment
     params["array_parallelism"] = launcher.array_parallelism or array_size
