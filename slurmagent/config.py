@@ -606,6 +606,11 @@ def spec_dict(cfg: Any, groups: tuple[str, ...] = SPEC_GROUPS) -> dict[str, Any]
     }
 
 
+def checkpoint_conf(cfg: Any) -> CheckpointConf:
+    """The `checkpoint` group of the composed config a training function receives, checked."""
+    return parse_conf(CheckpointConf, spec_dict(cfg, ("checkpoint",)).get("checkpoint"), "checkpoint")
+
+
 def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
     """Parse the slurmagent parts of a composed job config (a plain dict) into a JobSpec.
 

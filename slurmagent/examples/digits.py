@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from slurmagent.config import CheckpointConf, adapt_conf, parse_conf
+from slurmagent.config import adapt_conf, checkpoint_conf, spec_dict
 from slurmagent.runtime import StepLoop, current
 from slurmagent.runtime.adapt import Controller
 from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_hash
@@ -60,12 +60,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     steps = epochs * per_epoch if epochs else int(cfg.train.steps)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     state = TorchState(model, opt, sched, batches)
-    ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
+    ck = checkpoint_conf(cfg)
     ctx = current()
     step_delay = float(cfg.train.get("step_delay_s", 0.0))
     # a search trial stops at its rung (hpo.stop_at epochs), checkpointed; a promotion resumes there
-    raw_adapt = cfg.get("adapt")
-    adapt = adapt_conf(OmegaConf.to_container(raw_adapt, resolve=True) if raw_adapt is not None else None)  # type: ignore[arg-type]
+    adapt = adapt_conf(spec_dict(cfg, ("adapt",)).get("adapt"))
     controller = Controller(adapt, model, opt, sched) if adapt.enabled else None
     loop = StepLoop(ctx, state, total_steps=steps, conf=ck, steps_per_unit=per_epoch, adapt=controller)
     loss_fn = torch.nn.CrossEntropyLoss()

@@ -25,9 +25,9 @@ import time
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from slurmagent.config import CheckpointConf, parse_conf, site_conf, spec_dict
+from slurmagent.config import checkpoint_conf, site_conf, spec_dict
 from slurmagent.runtime import StepLoop, current
 from slurmagent.runtime.adapt import MicroBatcher
 from slurmagent.runtime.faults import StepGuard
@@ -64,7 +64,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=float(g.lr))
     batches = ResumableBatches(n, int(g.batch_size), seed=int(g.seed))
     state = TorchState(model, opt, data=batches)
-    ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
+    ck = checkpoint_conf(cfg)
     loop = StepLoop(ctx, state, total_steps=int(g.steps), conf=ck)
     batcher = MicroBatcher(int(g.batch_size), max_halvings=int(g.max_halvings))
     gpu_type = str(ctx.resources.get("gpu_type") or "t4")

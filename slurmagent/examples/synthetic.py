@@ -14,9 +14,9 @@ import hashlib
 import time
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from slurmagent.config import CheckpointConf, parse_conf
+from slurmagent.config import checkpoint_conf
 from slurmagent.runtime import StepLoop, current
 
 
@@ -50,7 +50,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     x = float(syn.get("x", 0.5))
     step_time = float(syn.get("step_time_s", 0.0))
     timeline = bool(syn.get("timeline", False))  # each step's end time into metrics.jsonl (benchmarks)
-    ck = parse_conf(CheckpointConf, OmegaConf.to_container(cfg.checkpoint, resolve=True), "checkpoint")  # type: ignore[arg-type]
+    ck = checkpoint_conf(cfg)
     state = CounterState()
     # memory held from step `alloc_at_step` (0: before the first) to the end: lets tests drive
     # a job over its --mem mid-run (a real cgroup OOM) after some checkpoints were written
