@@ -628,8 +628,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _no_nan(value: Any) -> Any:
-    """NaN → None, all the way down (strict JSON)."""
-    if isinstance(value, float) and math.isnan(value):
+    """NaN and ±inf → None, all the way down (strict JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
         return {k: _no_nan(v) for k, v in value.items()}

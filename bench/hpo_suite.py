@@ -83,6 +83,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+from hpo_replay import _no_nan  # bench/ is on the path: strict JSON, shared with the issue-13 replay
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -737,16 +738,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(_no_nan(doc), indent=1, allow_nan=False))
         print(f"\n{args.json}")
     return 0
-
-
-def _no_nan(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":
