@@ -457,10 +457,12 @@ class FakeSlurm:
                     out.extend(j for j, r in st["jobs"].items() if r["array"] == jid)
         return out
 
-    def refuse_sbatch(self, *messages: str) -> None:
-        """The next sbatch calls fail, one with each message (as sbatch prints them)."""
+    def refuse_sbatch(self, *messages: str, after: int = 0) -> None:
+        """The next sbatch calls fail, one with each message (as sbatch prints them); with
+        `after`, only once that many more sbatch calls have been answered as usual."""
         with self._edit() as st:
             st["refuse_sbatch"].extend(messages)
+            st["refuse_sbatch_after"] = after
 
     def set_submit_limit(self, jobs: int | None) -> None:
         """The user's MaxSubmitJobs, as `sacctmgr modify user … set MaxSubmitJobs=N` sets it."""
@@ -477,8 +479,11 @@ class FakeSlurm:
     def _sbatch(self, args: list[str], cwd: str) -> tuple[int, str, str]:
         parsable = "--parsable" in args
         with self._edit() as st:
-            refusals = st["refuse_sbatch"]
-            refusal = refusals.pop(0) if refusals else None
+            refusals, after = st["refuse_sbatch"], st.get("refuse_sbatch_after", 0)
+            if refusals and after:
+                st["refuse_sbatch_after"], refusal = after - 1, None
+            else:
+                refusal = refusals.pop(0) if refusals else None
         if refusal:
             return 1, "", f"sbatch: error: {refusal}\n"
         paths = [a for a in args if not a.startswith("-")]

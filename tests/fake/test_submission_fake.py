@@ -44,6 +44,8 @@ def test_a_permanent_refusal_exits_2_and_leaves_the_accepted_tasks_supervised(fa
 
 def test_on_refusal_cancel_cancels_what_was_accepted(fake: FakeSlurm, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
+    # the first array is accepted, the second refused
+    fake.refuse_sbatch("Batch job submission failed: Invalid qos specification", after=1)
     launcher = start(
         fake,
         tmp_path,
@@ -55,11 +57,6 @@ def test_on_refusal_cancel_cancels_what_was_accepted(fake: FakeSlurm, tmp_path: 
         "hydra.launcher.on_refusal=cancel",
         f"hydra.sweep.dir={sweep}",
     )
-    # the first array is accepted, the second refused
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not [c for c in fake.logged_calls() if c[0] == "sbatch"]:
-        time.sleep(0.05)
-    fake.refuse_sbatch("Batch job submission failed: Invalid qos specification")
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 2, err
     assert "Invalid qos specification" in err and "cancelled (hydra.launcher.on_refusal=cancel)" in err

@@ -192,6 +192,12 @@ def test_a_dead_submitter_on_this_host_is_reconciled_at_once(
     sbatch.write_text("import time\ntime.sleep(60)\n")
     orphan = subprocess.Popen([sys.executable, str(sbatch)])  # an sbatch still running: it may yet submit
     try:
+        # the child's /proc/PID/cmdline can read empty for a moment after Popen returns (vfork + exec)
+        from slurmagent.supervise.procs import cmdline
+
+        deadline = time.monotonic() + 10
+        while cmdline(orphan.pid)[1:2] != [str(sbatch).encode()] and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert reconcile(state, slurm, "me") == 0 and intent in state.submissions
     finally:
         orphan.kill()
