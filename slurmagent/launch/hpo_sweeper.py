@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from slurmagent.commands import rerun_prefix, slurmagent_command
-from slurmagent.config import SPEC_GROUPS, HpoConf, config_error, hpo_conf, spec_key
+from slurmagent.config import HPO_STOP_AT, HPO_TRIAL, SPEC_GROUPS, HpoConf, config_error, hpo_conf, spec_key
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.hpo.space import Space
 from slurmagent.hpo.storage import describe
@@ -36,7 +36,7 @@ from slurmagent.job.task import run_task
 from slurmagent.launch.launcher import ArrayLauncher
 from slurmagent.launch.sweeper import SPEC_ROOTS
 from slurmagent.supervise.state import SweepStore
-from slurmagent.supervise.study import STOP_AT, TRIAL, StudyDriver, StudySettings
+from slurmagent.supervise.study import StudyDriver, StudySettings
 from slurmagent.supervise.views import STUDY_BEST, load_trials, trials_by_state
 
 
@@ -108,7 +108,12 @@ class HpoSweeper(Sweeper):
         return space
 
     def _trial_overrides(self, space: Space, params: dict[str, Any], conf: HpoConf) -> list[str]:
-        return [*space.overrides(params), f"{conf.fidelity.key}={conf.fidelity.max}", f"{STOP_AT}=1", f"{TRIAL}=0"]
+        return [
+            *space.overrides(params),
+            f"{conf.fidelity.key}={conf.fidelity.max}",
+            f"{HPO_STOP_AT}=1",
+            f"{HPO_TRIAL}=0",
+        ]
 
     def _representatives(self, space: Space, conf: HpoConf) -> list[list[str]]:
         """One trial per value of each config-group choice (a group may change the job spec)."""

@@ -167,6 +167,7 @@ class FakeSlurm:
                     "controller_up": True,
                     "max_submit_jobs": max_submit_jobs,  # the user's MaxSubmitJobs (sacctmgr); None = none
                     "refuse_sbatch": [],  # messages the next sbatch calls fail with, one each
+                    "refuse_sbatch_after": 0,  # … once this many more sbatch calls were answered
                     "dying": {},  # "<job>#<run>" → when its processes get SIGKILL
                 }
             )
@@ -479,7 +480,7 @@ class FakeSlurm:
     def _sbatch(self, args: list[str], cwd: str) -> tuple[int, str, str]:
         parsable = "--parsable" in args
         with self._edit() as st:
-            refusals, after = st["refuse_sbatch"], st.get("refuse_sbatch_after", 0)
+            refusals, after = st["refuse_sbatch"], st["refuse_sbatch_after"]
             if refusals and after:
                 st["refuse_sbatch_after"], refusal = after - 1, None
             else:

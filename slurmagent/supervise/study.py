@@ -49,7 +49,6 @@ from slurmagent.supervise.views import STUDY_BEST, STUDY_SETTINGS, STUDY_TRIALS,
 log = logging.getLogger(__name__)
 
 SETTINGS, TRIALS, BEST = STUDY_SETTINGS, STUDY_TRIALS, STUDY_BEST
-STOP_AT, TRIAL = HPO_STOP_AT, HPO_TRIAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +158,7 @@ class StudyDriver:
         changed = False
         for ask in self.opt.pending():
             task = tasks.get(ask.trial)
-            if task is None or override_value(task, STOP_AT) != str(ask.fidelity):
+            if task is None or override_value(task, HPO_STOP_AT) != str(ask.fidelity):
                 self._write_task(state, tasks, ask)  # asked by a driver that died before writing it
                 changed = True
             elif task.state == "COMPLETED":
@@ -197,8 +196,8 @@ class StudyDriver:
         overrides = [
             *self.space.overrides(ask.params),
             f"{fid.key}={fid.max}",  # the full schedule: a trial's learning-rate schedule does not depend on its rung
-            f"{STOP_AT}={ask.fidelity}",
-            f"{TRIAL}={ask.trial}",
+            f"{HPO_STOP_AT}={ask.fidelity}",
+            f"{HPO_TRIAL}={ask.trial}",
         ]
         task = tasks.get(ask.trial)
         if task is None:

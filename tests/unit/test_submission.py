@@ -180,6 +180,8 @@ def test_a_dead_submitter_on_this_host_is_reconciled_at_once(
     import subprocess
     import sys
 
+    from slurmagent.supervise import procs, submission
+
     slurm = SlurmCLI(runner=fake)
     state = sweep(tmp_path, 2)
     intent = open_intent(state, state.tasks, 1)
@@ -193,10 +195,8 @@ def test_a_dead_submitter_on_this_host_is_reconciled_at_once(
     orphan = subprocess.Popen([sys.executable, str(sbatch)])  # an sbatch still running: it may yet submit
     try:
         # the child's /proc/PID/cmdline can read empty for a moment after Popen returns (vfork + exec)
-        from slurmagent.supervise.procs import cmdline
-
         deadline = time.monotonic() + 10
-        while cmdline(orphan.pid)[1:2] != [str(sbatch).encode()] and time.monotonic() < deadline:
+        while procs.cmdline(orphan.pid)[1:2] != [str(sbatch).encode()] and time.monotonic() < deadline:
             time.sleep(0.01)
         assert reconcile(state, slurm, "me") == 0 and intent in state.submissions
     finally:
@@ -205,7 +205,6 @@ def test_a_dead_submitter_on_this_host_is_reconciled_at_once(
     elsewhere = {**intent, "host": "login-2"}
     state.submissions = [elsewhere]
     assert reconcile(state, slurm, "me") == 0 and elsewhere in state.submissions  # another host: cannot tell
-    from slurmagent.supervise import procs, submission
 
     assert procs.command_running(f"sbatch-{os.getpid()}") is False
     # no sbatch here (another test running beside this one may run one: its scan is replaced)
