@@ -430,7 +430,7 @@ def parse_usage(text: str) -> list[JobUsage]:
                 req_mem_mb=req_mb,
                 total_cpu_s=_cpu_seconds(cpu),
                 state=state.split()[0] if state else "UNKNOWN",
-                nodes=nodes,
+                nodes=node_list(nodes),
                 gpus=gpus,
                 end=end,
                 comment=comment,
@@ -472,6 +472,15 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
     return out
 
 
+# what sacct and scontrol print in a node-list field for a job that has no nodes (yet)
+NO_NODES = ("None assigned", "(null)", "None")
+
+
+def node_list(text: str) -> str:
+    """A node-list field as the seam's callers see it: "" for a job with no nodes."""
+    return "" if text in NO_NODES else text
+
+
 # a failed allocation whose step the kernel OOM-killed is reported as OUT_OF_MEMORY
 STEP_CAUSES = ("OUT_OF_MEMORY",)
 
@@ -502,7 +511,7 @@ def parse_sacct(text: str) -> dict[str, TaskStatus]:
             prev = result.get(jid)
             restarts = prev.restarts + 1 if prev is not None else 0
             earlier = (*prev.earlier, (prev.state, prev.nodes)) if prev is not None else ()
-            result[jid] = TaskStatus(jid, word, exit_code, reason, nodes, restarts, earlier)
+            result[jid] = TaskStatus(jid, word, exit_code, reason, node_list(nodes), restarts, earlier)
             step_causes.pop(jid, None)  # causes seen so far belong to an earlier run
     for jid, cause in step_causes.items():
         st = result.get(jid)

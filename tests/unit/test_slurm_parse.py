@@ -66,6 +66,9 @@ def test_parse_sacct_keeps_last_row_and_expands_pending_ranges() -> None:
     assert st["7_2"].state == "OUT_OF_MEMORY" and st["7_2"].exit_code == "0:125"
     assert st["7_3"].state == "CANCELLED"
     assert [k for k in st if st[k].state == "PENDING"] == ["7_4", "7_5", "7_6", "7_9"]
+    # a pending job has no nodes: sacct's "None assigned" is not a node name
+    assert {st[k].nodes for k in ("7_4", "7_9")} == {""}
+    assert st["7_1"].nodes == "cpu-2"
     assert expand_array_id("12") == ["12"]
     # a step the cgroup OOM-killed turns a FAILED allocation into OUT_OF_MEMORY…
     assert st["8"].state == "OUT_OF_MEMORY" and st["8"].exit_code == "1:0"
