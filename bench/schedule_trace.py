@@ -57,7 +57,7 @@ from slurmagent.schedule.plan import plan_spec  # noqa: E402
 from slurmagent.slurm.cluster import ClusterInfo  # noqa: E402
 from slurmagent.slurm.sbatch import sbatch_flags  # noqa: E402
 from slurmagent.slurm.seam import SlurmCLI, parse_usage  # noqa: E402
-from slurmagent.slurm.syntax import format_mb, mem_to_mb, slurm_time_to_seconds  # noqa: E402
+from slurmagent.syntax import format_mb, mem_to_mb, slurm_time_to_seconds  # noqa: E402
 
 THROUGHPUT = {"a100": 1.0, "t4": 0.5}
 GPU_MEMORY = {"a100": 80, "t4": 16}

@@ -237,7 +237,7 @@ def read_orbax(step_dir: Path) -> Candidate:
 
 def slurmagent_candidates(directory: Path) -> Iterator[Candidate]:
     """slurmagent's own checkpoints: step and sha256 from manifest.json."""
-    from slurmagent.runtime.checkpoint import CheckpointManager
+    from slurmagent.primitives.checkpoint import CheckpointManager
 
     mgr = CheckpointManager(directory)
     for e in mgr.entries():

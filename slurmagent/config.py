@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any, Literal, TypeVar, cast
 
 from slurmagent.errors import ConfigError, choices
-from slurmagent.slurm.syntax import mem_to_mb, slurm_time_to_seconds
+from slurmagent.syntax import mem_to_mb, slurm_time_to_seconds
 
 ClusterChoice = Literal["auto", "slurm", "local"]  # where jobs run; auto = Slurm when its commands answer
 CLUSTER_CHOICES: tuple[str, ...] = typing.get_args(ClusterChoice)

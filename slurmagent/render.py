@@ -24,7 +24,7 @@ from slurmagent import __version__
 from slurmagent.config import JobSpec, job_spec, spec_dict
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
-from slurmagent.runtime.env import JobEnv
+from slurmagent.primitives.env import JobEnv
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
@@ -69,7 +69,7 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> Any:
 def searchpath_override(config_dir: Path, overrides: list[str]) -> str:
     """`hydra.searchpath=['file:///abs/dir']`: where Hydra's --config-dir puts a directory (after
     the packaged configs, before the schemas), quoted for Hydra's override grammar."""
-    from slurmagent.safety.cli import check_path
+    from slurmagent.cli.args import check_path
 
     if any(o.lstrip("+~").startswith("hydra.searchpath=") for o in overrides):
         raise ConfigError("give --config-dir or a hydra.searchpath override, not both (Hydra takes only one)")
@@ -125,7 +125,7 @@ def render(
     config_path = run_dir / "config.yaml"
     atomic_write(config_path, OmegaConf.to_yaml(OmegaConf.create(body)).encode())
 
-    name = safe_job_name(str(cfg.get("name", "") or _experiment_name(overrides)))
+    name = safe_job_name(str(cfg.get("name", "") or experiment_name(overrides)))
     text = (
         _env()
         .get_template("job.sbatch.j2")
@@ -166,7 +166,7 @@ def _job_env(mode: str, spec: JobSpec, checkpoint_dir: Path) -> list[tuple[str, 
     return [(str(k), v) for k, v in env]
 
 
-def _experiment_name(overrides: list[str]) -> str:
+def experiment_name(overrides: list[str]) -> str:
     for o in overrides:
         if o.lstrip("+").startswith("experiment="):
             return o.split("=", 1)[1]
@@ -174,7 +174,7 @@ def _experiment_name(overrides: list[str]) -> str:
 
 
 def render_cli(output: Path | None, overrides: list[str], mode: str | None, config_dir: Path | None = None) -> int:
-    out = output or Path("render") / safe_job_name(_experiment_name(overrides))
+    out = output or Path("render") / safe_job_name(experiment_name(overrides))
     rendered = render(overrides, out, mode, config_dir=config_dir)
     print(f"wrote {rendered.script}\nwrote {rendered.config}\nsubmit with: sbatch {shlex.quote(str(rendered.script))}")
     if not rendered.checked:

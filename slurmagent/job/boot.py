@@ -59,7 +59,7 @@ def claim_staged_pickle(folder: str, staged: str, env: dict[str, str]) -> Path |
     launcher does right after sbatch). Returns where it went, None when there was nothing to do."""
     from submitit.core.utils import JobPaths
 
-    from slurmagent.runtime.env import slurm_job_id
+    from slurmagent.primitives.env import slurm_job_id
 
     job_id = slurm_job_id(env)
     if job_id is None:

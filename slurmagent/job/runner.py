@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from slurmagent.files import atomic_write
-from slurmagent.runtime.env import JobEnv, slurm_job_id
+from slurmagent.primitives.env import JobEnv, slurm_job_id
 
 
 @dataclass(frozen=True)

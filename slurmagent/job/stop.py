@@ -28,17 +28,17 @@ from typing import Any, cast
 from slurmagent.config import RecoveryConf
 from slurmagent.errors import SlurmAgentError, TaskFailedError
 from slurmagent.files import atomic_write
+from slurmagent.primitives.signals import StopFlag, install_handlers, restore_handlers, signal_number
 from slurmagent.records import ACTION_KINDS, Action, ActionKind, Evidence
 from slurmagent.runtime.context import Approval, JobContext
 from slurmagent.runtime.health import STOP_RECORD
 from slurmagent.runtime.loop import StopForRequeue
-from slurmagent.runtime.signals import StopFlag, install_handlers, restore_handlers, signal_number
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT
 from slurmagent.slurm.seam import SlurmCLI
-from slurmagent.slurm.syntax import parse_time_limit
+from slurmagent.syntax import parse_time_limit
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ from slurmagent.config import HPO_STOP_AT, JobSpec, job_spec, resolve_target, sp
 from slurmagent.errors import ConfigError, TaskFailedError
 from slurmagent.job.boot import release_stop_signals
 from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
+from slurmagent.primitives.env import JobEnv, TaskFile, check_checkpoint_dir, task_checkpoint_dir
+from slurmagent.primitives.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.distributed import rendezvous_env
-from slurmagent.runtime.env import JobEnv, TaskFile, check_checkpoint_dir, task_checkpoint_dir
 from slurmagent.runtime.loop import StopForRequeue, record_host_peak
-from slurmagent.runtime.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
 from slurmagent.slurm.seam import SlurmCLI
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,9 @@ from slurmagent.job.boot import staged_pickle
 from slurmagent.job.runner import SweepRunner, TaskPayload
 from slurmagent.slurm.sbatch import sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
-from slurmagent.slurm.syntax import slurm_time_to_seconds, time_to_minutes
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.views import runs
+from slurmagent.syntax import slurm_time_to_seconds, time_to_minutes
 
 SUBMITIT_NAMED = {
     "partition",

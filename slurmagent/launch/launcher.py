@@ -52,8 +52,8 @@ from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
 from slurmagent.launch.index import record_sweep
 from slurmagent.launch.sweeper import spec_relevant
+from slurmagent.primitives.env import check_checkpoint_dir
 from slurmagent.records import Action
-from slurmagent.runtime.env import check_checkpoint_dir
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT, current_user

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from slurmagent.config import JobSpec, ResourcesConf, SiteConf, default_site
 from slurmagent.recovery.diagnose import Diagnosis
 from slurmagent.slurm.cluster import ClusterInfo
-from slurmagent.slurm.syntax import format_mb, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds, split_hostlist
+from slurmagent.syntax import format_mb, mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds, split_hostlist
 
 MEM_FACTOR = 1.5  # host OOM: ask for this much more memory, up to the largest node's
 TIME_FACTOR = 2.0  # time limit: ask for this much more time, up to the partition's limit

@@ -17,22 +17,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slurmagent.runtime.checkpoint import CheckpointEntry, CheckpointManager
+    from slurmagent.primitives.checkpoint import CheckpointEntry, CheckpointManager
+    from slurmagent.primitives.signals import StopFlag
     from slurmagent.runtime.context import JobContext, context_from_env, current, set_current
     from slurmagent.runtime.loop import Stateful, StepLoop, StopForRequeue
-    from slurmagent.runtime.signals import StopFlag
 
 _WHERE = {
-    "CheckpointEntry": "checkpoint",
-    "CheckpointManager": "checkpoint",
-    "JobContext": "context",
-    "context_from_env": "context",
-    "current": "context",
-    "set_current": "context",
-    "Stateful": "loop",
-    "StepLoop": "loop",
-    "StopForRequeue": "loop",
-    "StopFlag": "signals",
+    "CheckpointEntry": "slurmagent.primitives.checkpoint",
+    "CheckpointManager": "slurmagent.primitives.checkpoint",
+    "JobContext": "slurmagent.runtime.context",
+    "context_from_env": "slurmagent.runtime.context",
+    "current": "slurmagent.runtime.context",
+    "set_current": "slurmagent.runtime.context",
+    "Stateful": "slurmagent.runtime.loop",
+    "StepLoop": "slurmagent.runtime.loop",
+    "StopForRequeue": "slurmagent.runtime.loop",
+    "StopFlag": "slurmagent.primitives.signals",
 }
 
 __all__ = [
@@ -53,4 +53,4 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'slurmagent.runtime' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"slurmagent.runtime.{module}"), name)
+    return getattr(importlib.import_module(module), name)

@@ -84,7 +84,7 @@ import torch
 from slurmagent.config import AdaptConf
 from slurmagent.errors import ConfigError, SlurmAgentError
 from slurmagent.files import atomic_write
-from slurmagent.runtime.checkpoint import snapshot
+from slurmagent.primitives.checkpoint import snapshot
 from slurmagent.runtime.context import Approval, Approver
 
 __all__ = ["Controller", "MicroBatchExhausted", "MicroBatcher", "Proposal", "grad_norm"]

@@ -1,7 +1,7 @@
 """The job context: what training code knows about the job it runs in.
 
 Built from the environment the launcher and Slurm set (SLURM_*, and the SLURMAGENT_*
-variables of `runtime/env.py`), so the same code works under Slurm, the local backend, a
+variables of `primitives/env.py`), so the same code works under Slurm, the local backend, a
 rendered sbatch script and a child command. Inside a job wrapped by `slurmagent.job`, the
 context also carries the job's stop signals (`signals`), which the step loop uses, and the
 gate as the loop's in-loop controller asks it (`approve`, runtime/adapt.py): the runtime
@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from slurmagent.config import Backend, CheckpointConf, HealthConf, parse_conf
 from slurmagent.errors import ConfigError
-from slurmagent.runtime.env import JobEnv, slurm_job_id
-from slurmagent.runtime.signals import StopSignals
+from slurmagent.primitives.env import JobEnv, slurm_job_id
+from slurmagent.primitives.signals import StopSignals
 
 BACKENDS: tuple[Backend, ...] = ("slurm", "local", "none")
 

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from slurmagent.runtime.context import JobContext
-from slurmagent.slurm.syntax import split_hostlist
+from slurmagent.syntax import split_hostlist
 
 PORT_BASE, PORT_SPAN = 20000, 20000
 

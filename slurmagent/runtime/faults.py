@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from slurmagent.errors import SlurmAgentError
-from slurmagent.runtime.checkpoint import Staging, snapshot
+from slurmagent.primitives.checkpoint import Staging, snapshot
 from slurmagent.runtime.loop import Stateful
 
 log = logging.getLogger(__name__)

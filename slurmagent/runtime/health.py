@@ -20,8 +20,8 @@ from typing import Any
 from slurmagent.config import HealthConf
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
+from slurmagent.primitives.env import TaskFile
 from slurmagent.runtime.context import JobContext
-from slurmagent.runtime.env import TaskFile
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from slurmagent.config import CheckpointConf
-from slurmagent.runtime.checkpoint import CheckpointManager
+from slurmagent.primitives.checkpoint import CheckpointManager
+from slurmagent.primitives.env import Progress, TaskFile
+from slurmagent.primitives.signals import GraceFn, StopFlag, install_handlers, restore_handlers, signal_number
 from slurmagent.runtime.context import Approval, JobContext
-from slurmagent.runtime.env import Progress, TaskFile
 from slurmagent.runtime.health import HealthMonitor, monitor_for
-from slurmagent.runtime.signals import GraceFn, StopFlag, install_handlers, restore_handlers, signal_number
 
 if TYPE_CHECKING:
     import torch

@@ -31,7 +31,7 @@ from slurmagent.schedule.predict import SIGNAL_RESOLUTION_S, Prediction, predict
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.sbatch import sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
-from slurmagent.slurm.syntax import mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
+from slurmagent.syntax import mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
 
 LOCAL_MEM_FALLBACK = "1G"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from slurmagent.config import ResourcesConf
 from slurmagent.errors import ConfigError, choices
 from slurmagent.slurm.seam import SlurmCLI, parse_scontrol_config
-from slurmagent.slurm.syntax import (
+from slurmagent.syntax import (
     mem_to_mb,
     parse_gres,
     parse_time_limit,

@@ -40,7 +40,7 @@ from typing import Any
 from filelock import FileLock
 
 from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE
-from slurmagent.slurm.syntax import (
+from slurmagent.syntax import (
     expand_array_id,
     parse_gres,
     parse_time_limit,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slurmagent.errors import ConfigError, SlurmCommandError, SlurmUnavailableError, SubmissionRefused
-from slurmagent.slurm.syntax import expand_array_id
+from slurmagent.syntax import expand_array_id
 
 ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr"})
 # a transient sbatch refusal is retried after each of these waits (seconds), then given up
@@ -269,7 +269,7 @@ class SlurmCLI:
 
     def node_gpu_types(self) -> dict[str, str]:
         """Each node's GPU type (its first typed gpu GRES); nodes without GPUs are left out."""
-        from slurmagent.slurm.syntax import parse_gres
+        from slurmagent.syntax import parse_gres
 
         out: dict[str, str] = {}
         for line in self.run(["sinfo", "-h", "-N", "-o", "%N|%G"]).splitlines():
@@ -396,7 +396,7 @@ def _cpu_seconds(text: str) -> float:
 def parse_usage(text: str) -> list[JobUsage]:
     """`sacct -n -P --duplicates -o USAGE_FIELDS` → one JobUsage per run of each job; step
     rows (`123.batch`, `123.0`) give the run their largest MaxRSS."""
-    from slurmagent.slurm.syntax import mem_to_mb, parse_time_limit, slurm_time_to_seconds
+    from slurmagent.syntax import mem_to_mb, parse_time_limit, slurm_time_to_seconds
 
     runs: list[JobUsage] = []
     for line in text.splitlines():

@@ -16,10 +16,10 @@ from typing import Any
 from slurmagent.config import JobSpec, ResourcesConf, job_spec, site_conf
 from slurmagent.errors import SlurmAgentError, SubmissionRefused
 from slurmagent.files import atomic_write
+from slurmagent.primitives.env import TaskFile
 from slurmagent.records import Action, Decision, Evidence
 from slurmagent.recovery.diagnose import Diagnosis, diagnose
 from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan
-from slurmagent.runtime.env import TaskFile
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.gate import Gate
@@ -28,34 +28,17 @@ from slurmagent.safety.policy import resolve_policy
 from slurmagent.safety.switch import paused
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI
-from slurmagent.slurm.syntax import split_hostlist
+from slurmagent.supervise.jobfiles import LOG_TAIL_BYTES, task_logs
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 from slurmagent.supervise.submission import WAITING, Submitter, close_intent, drop_intent, open_intent
+from slurmagent.syntax import split_hostlist
 
 log = logging.getLogger(__name__)
 
 # states after which a task may be recovered; CANCELLED is a person's decision and is left alone
 RECOVERABLE_STATES = frozenset({"FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED"})
-LOG_TAIL_BYTES = 200_000
 # earlier runs of a job that Slurm requeued by itself because their node failed
 NODE_FAILURE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
-
-
-def task_logs(state: SweepState, job_id: str) -> dict[str, str]:
-    from submitit.core.utils import JobPaths
-
-    paths = JobPaths(state.submitit_folder, job_id=job_id, task_id=0)
-    out: dict[str, str] = {}
-    for path in (paths.stderr, paths.stdout):
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(0, 2)
-                size = fh.tell()
-                fh.seek(max(0, size - LOG_TAIL_BYTES))
-                out[str(path)] = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-    return out
 
 
 def collect_logs(state: SweepState, task: TaskRecord) -> dict[str, str]:

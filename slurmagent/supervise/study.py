@@ -40,11 +40,11 @@ from slurmagent.files import atomic_write
 from slurmagent.hpo.core import Ask, Optimizer, TrialInfo
 from slurmagent.hpo.space import Space
 from slurmagent.hpo.storage import describe, open_storage
-from slurmagent.runtime.env import TaskFile, task_checkpoint_dir
-from slurmagent.slurm.syntax import slurm_time_to_seconds
+from slurmagent.primitives.env import TaskFile, task_checkpoint_dir
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.submission import WAITING
 from slurmagent.supervise.views import STUDY_BEST, STUDY_SETTINGS, STUDY_TRIALS, load_trials
+from slurmagent.syntax import slurm_time_to_seconds
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ class StudyDriver:
             atomic_write(self.dir / BEST, json.dumps(entry, indent=1).encode())
 
     def _checkpoint_dir(self, state: SweepState, trial: int) -> Path:
-        """Where the trial's checkpoints are (runtime/env.py decides, as in the job)."""
+        """Where the trial's checkpoints are (primitives/env.py decides, as in the job)."""
         task = next((t for t in state.tasks if t.index == trial), None)
         configured = (state.spec_of(task).get("checkpoint") or {}).get("dir") if task is not None else None
         return task_checkpoint_dir(configured, self.dir / str(trial), self.dir, trial)

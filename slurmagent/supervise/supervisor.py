@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from submitit.core.utils import JobPaths
 
 from slurmagent.errors import SlurmAgentError
 from slurmagent.recovery.diagnose import TRACEBACK_HEAD, clean_traceback, outside_tracebacks, python_error
 from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
+from slurmagent.supervise.jobfiles import STDERR_TAIL, job_paths, read_result, stderr_tail, unwrap_return
 from slurmagent.supervise.lead import Lead
 from slurmagent.supervise.procs import pid_alive
 from slurmagent.supervise.recover import Recoverer
@@ -34,36 +33,6 @@ if TYPE_CHECKING:
     from slurmagent.supervise.study import StudyDriver
 
 log = logging.getLogger(__name__)
-
-STDERR_TAIL = 15
-
-
-def job_paths(state: SweepState, job_id: str) -> JobPaths:
-    return JobPaths(state.submitit_folder, job_id=job_id, task_id=0)
-
-
-def read_result(path: Path) -> tuple[str, Any] | None:
-    """submitit's result pickle: ("success", value) or ("error", traceback text)."""
-    if not path.exists():
-        return None
-    try:
-        with open(path, "rb") as fh:
-            out = pickle.load(fh)
-    except (OSError, EOFError, pickle.UnpicklingError):
-        return None
-    return out if isinstance(out, tuple) and len(out) == 2 else None
-
-
-def stderr_tail(state: SweepState, job_id: str, lines: int = STDERR_TAIL) -> str:
-    paths = job_paths(state, job_id)
-    for path in (paths.stderr, paths.stdout):
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        if text.strip():
-            return "\n".join(text.splitlines()[-lines:])
-    return ""
 
 
 # Slurm's reasons for a job to wait (squeue's REASON): stale, not a cause, once the job has ended
@@ -88,20 +57,6 @@ def failure_text(word: str, error: str, stderr: str) -> str:
     if extra:
         text += "\nlast stderr lines:\n" + "\n".join(extra[-STDERR_TAIL:])
     return text
-
-
-def unwrap_return(value: Any) -> tuple[bool, Any, str]:
-    """(ok, return value, error text) from a Hydra JobReturn or a plain value."""
-    try:
-        from hydra.core.utils import JobReturn, JobStatus
-    except ImportError:  # pragma: no cover - hydra is a dependency
-        return True, value, ""
-    if isinstance(value, JobReturn):
-        if value.status == JobStatus.COMPLETED:
-            return True, value._return_value, ""
-        err = value._return_value
-        return False, None, f"{type(err).__name__}: {err}"
-    return True, value, ""
 
 
 class Supervisor:

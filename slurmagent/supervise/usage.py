@@ -17,18 +17,18 @@ from typing import Any
 
 from slurmagent.config import BudgetConf, SiteConf, budget_conf, site_conf
 from slurmagent.errors import SlurmCommandError, SlurmUnavailableError
+from slurmagent.primitives.env import Progress
 from slurmagent.records import Action
-from slurmagent.runtime.env import Progress
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT, current_user
 from slurmagent.schedule.budget import Usage, reached, usage_of
 from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint, row_from_usage
 from slurmagent.slurm.seam import JobUsage, SlurmCLI
-from slurmagent.slurm.syntax import split_hostlist
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.submission import WAITING
 from slurmagent.supervise.views import progress
+from slurmagent.syntax import split_hostlist
 
 log = logging.getLogger(__name__)
 

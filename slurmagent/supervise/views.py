@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmagent.commands import slurmagent_command
-from slurmagent.runtime.env import TaskFile
+from slurmagent.primitives.env import TaskFile
 from slurmagent.supervise.state import SweepState, TaskRecord
 
 
@@ -289,14 +289,14 @@ def log_files(state: SweepState, task: TaskRecord) -> list[tuple[str, Path]]:
     """Every log of a task that exists, oldest attempt first: each Slurm job's stdout and
     stderr (a requeued run appends to its job's files), then the task's own logs (Hydra's job
     log, a command's stderr) in its directory."""
-    from submitit.core.utils import JobPaths
+    from slurmagent.supervise.jobfiles import job_paths
 
     out: list[tuple[str, Path]] = []
     first = 1  # runs are numbered as the job's ctx.attempt numbers them: every Slurm run of the task
     for attempt in task.attempts:
         last = first + attempt.restarts
         which = f"run {first}" if last == first else f"runs {first}–{last}"
-        paths = JobPaths(state.submitit_folder, job_id=attempt.job_id, task_id=0)
+        paths = job_paths(state, attempt.job_id)
         for kind, path in (("stdout", paths.stdout), ("stderr", paths.stderr)):
             out.append((f"{which}, job {attempt.job_id}, {kind}", Path(path)))
         first = last + 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from slurmagent.runtime.env import sweep_key
+from slurmagent.primitives.env import sweep_key
 from slurmagent.slurm.fake import FakeSlurm
 from tests.fake.conftest import finish, slurmagent, start, sweep_state
 from tests.fake.test_through_fake_slurm import SYNTHETIC, digest

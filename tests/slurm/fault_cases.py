@@ -423,8 +423,8 @@ def small_disk(run: Run) -> Iterator[None]:
 
 
 def disk_ckpt_dir(run: Run) -> Path:
-    """The task's own directory under the row's checkpoint.dir (runtime/env.py: DIR/<sweep>/<task>)."""
-    from slurmagent.runtime.env import sweep_key
+    """The task's own directory under the row's checkpoint.dir (primitives/env.py: DIR/<sweep>/<task>)."""
+    from slurmagent.primitives.env import sweep_key
 
     return run.dir / "small-fs" / "ckpt" / sweep_key(run.sweep) / "0"
 
@@ -444,7 +444,7 @@ def fill_disk(run: Run) -> None:
 
 
 def check_disk_full(run: Run, res: CaseResult) -> list[str]:
-    from slurmagent.runtime.checkpoint import CheckpointManager
+    from slurmagent.primitives.checkpoint import CheckpointManager
 
     ckpt = disk_ckpt_dir(run)
     problems = []

@@ -37,10 +37,10 @@ from slurmagent.errors import ConfigError
 from slurmagent.examples.digits import build_model, load_digits, train
 from slurmagent.job.stop import LoopApprover
 from slurmagent.job.task import run_in_job
+from slurmagent.primitives.env import TaskFile
 from slurmagent.runtime import StepLoop, StopForRequeue, context_from_env
 from slurmagent.runtime.adapt import Controller, MicroBatcher, MicroBatchExhausted
 from slurmagent.runtime.context import JobContext, set_current
-from slurmagent.runtime.env import TaskFile
 from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_hash
 from slurmagent.safety.audit import AuditLog, verify
 from slurmagent.safety.switch import pause

@@ -17,9 +17,9 @@ import torch
 
 from slurmagent.config import CheckpointConf
 from slurmagent.errors import CheckpointError
+from slurmagent.primitives import checkpoint as ckpt_mod
+from slurmagent.primitives.checkpoint import snapshot
 from slurmagent.runtime import CheckpointManager, StepLoop, StopForRequeue, context_from_env
-from slurmagent.runtime import checkpoint as ckpt_mod
-from slurmagent.runtime.checkpoint import snapshot
 from slurmagent.runtime.torch_state import TorchState
 
 

@@ -20,7 +20,7 @@ from slurmagent.config import (
 )
 from slurmagent.errors import ConfigError
 from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
-from slurmagent.slurm.syntax import mem_to_mb, slurm_time_to_seconds, time_to_minutes
+from slurmagent.syntax import mem_to_mb, slurm_time_to_seconds, time_to_minutes
 
 BASE = {"task": {"target": "slurmagent.examples.synthetic:run"}}
 

@@ -133,7 +133,7 @@ def test_cluster_slurm_without_m_never_runs_here(tmp_path: Path) -> None:
 def test_every_time_format_sbatch_accepts(given: object, minutes: int) -> None:
     spec = job_spec({"task": {"target": "a:b"}, "resources": {"time": str(given)}})
     assert sbatch_flags(spec.resources)["time"] == str(given)
-    from slurmagent.slurm.syntax import time_to_minutes
+    from slurmagent.syntax import time_to_minutes
 
     assert time_to_minutes(spec.resources.time) == minutes
 

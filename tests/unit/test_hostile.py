@@ -30,6 +30,8 @@ from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
 
 from slurmagent import cli
+from slurmagent.cli.args import JOB_ID
+from slurmagent.cli.registry import build_parser
 from slurmagent.config import LauncherConf, job_spec
 from slurmagent.errors import ConfigError, PolicyError, SlurmAgentError
 from slurmagent.launch.backend import slurm_parameters
@@ -263,7 +265,7 @@ def test_no_shell_in_the_package() -> None:
 
 
 # -- every path argument of every command ------------------------------------------------------
-# Found, not listed: each subcommand's positional or option with type=Path (cli._parser, the
+# Found, not listed: each subcommand's positional or option with type=Path (the registry's parser, the
 # safety commands included). Given a regular file, a missing path, a symlink loop, a directory
 # or file it may not read, or a missing path with a hostile name, a command says so in one
 # line on stderr and exits 2, writing nothing — or accepts it because it is valid: a missing
@@ -271,7 +273,7 @@ def test_no_shell_in_the_package() -> None:
 
 
 def path_arguments() -> list[tuple[tuple[str, ...], argparse.Action]]:
-    parser, _ = cli._parser()
+    parser, _ = build_parser()
     found: list[tuple[tuple[str, ...], argparse.Action]] = []
 
     def walk(p: argparse.ArgumentParser, words: tuple[str, ...]) -> None:
@@ -298,7 +300,7 @@ def arg_id(item: tuple[tuple[str, ...], argparse.Action]) -> str:
 
 def argv_for(words: tuple[str, ...], action: argparse.Action, bad: str, sweep: Path) -> list[str]:
     """The command with `bad` for `action`; every other required argument valid (a sweep)."""
-    parser, _ = cli._parser()
+    parser, _ = build_parser()
     sub: argparse.ArgumentParser = parser
     for word in words:
         sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
@@ -403,7 +405,7 @@ def test_a_missing_path_with_a_hostile_name_is_one_line_for_every_path_argument(
     for words, action in PATH_ARGS:
         if action.dest in OUTPUTS:
             continue  # a missing output directory is made: test_render's hostile tests cover those
-        if words == ("doctor",) and cli.JOB_ID.fullmatch(name):
+        if words == ("doctor",) and JOB_ID.fullmatch(name):
             continue  # a job id
         argv = argv_for(words, action, name, paths_box / "sweep")
         got = run_cli(argv)

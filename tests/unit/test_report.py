@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from slurmagent.report import (
+from slurmagent.supervise.report import (
     PARAM_PLOT,
     Objective,
     _label,

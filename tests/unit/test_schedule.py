@@ -36,7 +36,7 @@ from slurmagent.schedule.predict import predict
 from slurmagent.slurm.cluster import parse_cluster
 from slurmagent.slurm.sbatch import sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI, parse_test_only, parse_usage
-from slurmagent.slurm.syntax import slurm_time_to_seconds
+from slurmagent.syntax import slurm_time_to_seconds
 
 # the test cluster's sinfo (tests/unit/test_slurm_parse.py), with t4-2 drained
 SINFO_NODES = RECORDED_NODES.replace("gpu:t4:2|t4,gpu|mixed", "gpu:t4:2|t4,gpu|drained")

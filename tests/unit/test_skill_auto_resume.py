@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from slurmagent.runtime.checkpoint import CheckpointManager
+from slurmagent.primitives.checkpoint import CheckpointManager
 from slurmagent.skills import Status
 from slurmagent.skills.auto_resume import LEVELDB_MAGIC, AutoResume, newest_valid, scan
 

@@ -11,6 +11,7 @@ Nothing is submitted.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -21,17 +22,18 @@ from typing import Any
 
 from rich.table import Table
 
+from slurmagent.cli.args import CONFIG_DIR_HELP
 from slurmagent.config import AUTO, budget_conf, job_spec, site_conf, spec_dict, spec_key
 from slurmagent.errors import ConfigError
-from slurmagent.render import _experiment_name
+from slurmagent.render import experiment_name
 from slurmagent.schedule.budget import BASIS, Usage, over, total
 from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
 from slurmagent.schedule.plan import Plan, plan_spec
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
-from slurmagent.slurm.syntax import seconds_to_slurm_time
 from slurmagent.supervise.views import terminal
+from slurmagent.syntax import seconds_to_slurm_time
 
 # the launcher's flags that take a value (Hydra's, as `python -m slurmagent` accepts them)
 VALUE_FLAGS = {"--config-dir": "config_dir", "-cd": "config_dir", "--config-name": "config_name"}
@@ -108,8 +110,8 @@ def _hydra(args: PlanArgs) -> Iterator[None]:
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
 
+    from slurmagent.cli.args import check_path
     from slurmagent.job.task import run_task
-    from slurmagent.safety.cli import check_path
 
     calling_file, calling_module = detect_calling_file_or_module_from_task_function(run_task)
     main_dir = compute_search_path_dir(calling_file, calling_module, args.config_path or "pkg://slurmagent.conf")
@@ -198,7 +200,7 @@ def plan_sweep(args: PlanArgs) -> tuple[list[Planned], dict[str, Any]]:
                 )
             site = context["site"]
             spec = job_spec(spec_dict(cfg))
-            experiment = cfg.hydra.runtime.choices.get("experiment") or _experiment_name(overrides)
+            experiment = cfg.hydra.runtime.choices.get("experiment") or experiment_name(overrides)
             fp = fingerprint(safe_job_name(str(experiment)), overrides, site.scheduling.ignore_in_fingerprint)
             which = (spec_key(spec), fp)
             if which not in planned:
@@ -219,15 +221,24 @@ def plan_sweep(args: PlanArgs) -> tuple[list[Planned], dict[str, Any]]:
     return list(planned.values()), context
 
 
-def plan_cli(
-    overrides: list[str],
-    as_json: bool = False,
-    config_dir: Path | None = None,
-    multirun: bool = False,
-    config_name: str | None = None,
-    config_path: str | None = None,
-) -> int:
-    args = parse_args(overrides, PlanArgs([], config_dir, config_name, config_path, multirun, as_json))
+def plan_args(pl: argparse.ArgumentParser) -> None:
+    # the launcher's arguments, flags anywhere among the overrides (parse_args reads those after the first)
+    pl.add_argument("overrides", nargs=argparse.REMAINDER, help="what python -m slurmagent takes: Hydra overrides")
+    pl.add_argument("--config-dir", "-cd", type=Path, default=None, help=CONFIG_DIR_HELP)
+    pl.add_argument("--config-name", "-cn", default=None, help="the primary config's name, as for the launcher")
+    pl.add_argument("--config-path", "-cp", default=None, help="the primary config's path, as for the launcher")
+    pl.add_argument("--multirun", "-m", action="store_true", help="a sweep: plan each distinct job of it once")
+    pl.add_argument("--detach", "-d", action="store_true", help="accepted as the launcher does; the plan is the same")
+    pl.add_argument("--json", action="store_true", help="the plan as JSON, for scripts")
+
+
+def plan(ns: argparse.Namespace) -> int:
+    """Example: slurmagent plan +experiment=digits_mlp resources.gpus=1 resources.gpu_type=auto resources.time=auto
+    Takes the launcher's arguments (-cd, -cn, -cp, -m with a sweep's values: each distinct job planned once).
+    A table of candidates (GPU type, partition, GPU memory, predicted run time, --time, Slurm's predicted start
+    from `sbatch --test-only`, GPU-h and cost on one basis) and the choice; nothing is submitted."""
+    base = PlanArgs([], ns.config_dir, ns.config_name, ns.config_path, ns.multirun, ns.json)
+    args = parse_args(ns.overrides, base)
     plans, ctx = plan_sweep(args)
     site = ctx["site"]
     per_task = [p.plan.usage(site) for p in plans for _ in p.tasks]
@@ -263,7 +274,7 @@ def _show(console: Any, plan: Plan, site: Any, overrides: list[str], title: str)
     """One plan: the candidates' table (its title names the basis of GPU-h and cost) and the
     decisions, each reason on its own line."""
     if plan.candidates:
-        name = _experiment_name(overrides)
+        name = experiment_name(overrides)
         table = Table(title=f"candidates for {name}{title} (nothing submitted)", caption=f"GPU-h and cost: {BASIS}")
         for col in (
             "",

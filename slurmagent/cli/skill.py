@@ -8,11 +8,12 @@ import argparse
 import json
 import sys
 
+from slurmagent.cli.exits import EXIT_BAD_INPUT
 from slurmagent.errors import SkillError
 from slurmagent.skills._base import SkillResult, Status
 from slurmagent.skills.registry import all_skills, get_skill, load_plugins, run_skill
 
-BAD_INPUT = 2  # an unknown skill or a bad argument: slurmagent's "bad input" (Nagios' CRITICAL is 2 too)
+BAD_INPUT = EXIT_BAD_INPUT  # an unknown skill or a bad argument (Nagios' CRITICAL is 2 too)
 
 
 FINDINGS_LINES = 60  # the human output shows this much of the findings; --json has all
@@ -36,7 +37,17 @@ def _print_result(result: SkillResult, as_json: bool) -> None:
             print(f"  … {len(text) - FINDINGS_LINES} more line(s): --json prints them all")
 
 
-def skill_main(list_: bool, as_json: bool, name: str | None, rest: list[str]) -> int:
+def skill_args(sk: argparse.ArgumentParser) -> None:
+    sk.add_argument("--list", action="store_true", help="list the registered skills")
+    sk.add_argument("--json", action="store_true", help="print the result as JSON")
+    sk.add_argument("name", nargs="?", help="the skill to run")
+    sk.add_argument("args", nargs=argparse.REMAINDER, help="the skill's own arguments (see NAME --help)")
+
+
+def skill(args: argparse.Namespace) -> int:
+    """Exit codes are Nagios': 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN; a bad skill name or argument is 2.
+    `slurmagent skill NAME --help` lists the skill's own arguments."""
+    list_, as_json, name, rest = args.list, args.json, args.name, list(args.args)
     if "--json" in rest:  # `skill NAME ARGS --json`: the flag after the skill's own arguments
         rest = [a for a in rest if a != "--json"]
         as_json = True

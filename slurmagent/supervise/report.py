@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmagent.runtime.env import TaskFile
+from slurmagent.primitives.env import TaskFile
 from slurmagent.supervise.state import SweepState, SweepStore
 from slurmagent.supervise.views import (
     STUDY_BEST,

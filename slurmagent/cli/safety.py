@@ -1,105 +1,23 @@
-"""The safety subcommands: audit, approvals, approve, reject, pause, resume, replay.
-`slurmagent/cli.py` registers them with `add_parsers`."""
+"""The safety commands: audit, approvals, approve, reject, pause, resume, replay (the gate's
+records and decisions, as people read and make them)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
-import stat
 import sys
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from slurmagent.cli.args import check_path, console, shown_path
+from slurmagent.cli.exits import EXIT_FAILED, EXIT_OK
 from slurmagent.commands import slurmagent_command
-from slurmagent.errors import ApprovalError, AuditError, PolicyError, SlurmAgentError
+from slurmagent.errors import ApprovalError, AuditError, PolicyError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
-COMMANDS = ("audit", "approvals", "approve", "reject", "pause", "resume", "replay")
-
-
-# -- paths named on the command line ----------------------------------------------------------
-_WHY = {
-    errno.ENOENT: "no such file or directory",
-    errno.ELOOP: "a loop of symbolic links",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
-    errno.ENOTDIR: "a part of it is a file, not a directory",
-    errno.ENAMETOOLONG: "the name is too long",
-}
-
-
-def os_why(exc: OSError) -> str:
-    """What is wrong with a path, in words (an OSError's errno)."""
-    return _WHY.get(exc.errno or 0, exc.strerror or type(exc).__name__)
-
-
-def shown_path(path: Path) -> str:
-    """A path for a one-line message: as typed, or quoted when it holds a line break or another
-    character a terminal would not show as itself."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
-
-
-def check_path(path: Path, want: str, what: str, error: type[SlurmAgentError] = SlurmAgentError) -> Path:
-    """`path`, given on the command line as `what` ("--sweep", "sweep directory"), checked
-    before anything is read or written: it exists and can be read, and is a directory
-    (`want`="dir"), a file ("file") or either ("any"); else `error`, one line naming it."""
-    name = shown_path(path)
-    try:
-        st = path.stat()
-    except (OSError, ValueError) as exc:  # ValueError: a NUL byte
-        why = os_why(exc) if isinstance(exc, OSError) else str(exc)
-        raise error(f"{what} {name}: {why}") from None
-    is_dir = stat.S_ISDIR(st.st_mode)
-    if want == "dir" and not is_dir:
-        raise error(f"{what} {name} is a file, not a directory")
-    if want == "file" and is_dir:
-        raise error(f"{what} {name} is a directory, not a file")
-    try:
-        if is_dir:
-            with os.scandir(path):
-                pass
-        else:
-            with open(path, "rb"):
-                pass
-    except OSError as exc:
-        raise error(f"{what} {name}: {os_why(exc)}") from None
-    return path
-
-
-def check_output_dir(path: Path, what: str, error: type[SlurmAgentError] = SlurmAgentError) -> Path:
-    """A directory a command writes into (created when missing), checked before anything is
-    written: not a file, no symlink loop, and writable (it, or the folder it would be made in)."""
-    name, probe = shown_path(path), path
-    while True:
-        try:
-            st = probe.stat()
-        except FileNotFoundError:
-            if probe.parent == probe:
-                break
-            probe = probe.parent
-            continue
-        except (OSError, ValueError) as exc:
-            why = os_why(exc) if isinstance(exc, OSError) else str(exc)
-            raise error(f"{what} {name}: {why}") from None
-        if not stat.S_ISDIR(st.st_mode):
-            where = name if probe == path else f"{name}: {shown_path(probe)}"
-            raise error(f"{what} {where} is a file, not a directory")
-        if not os.access(probe, os.W_OK | os.X_OK):
-            raise error(f"{what} {name}: permission denied" + ("" if probe == path else f" (in {shown_path(probe)})"))
-        break
-    return path
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(width=200) if not sys.stdout.isatty() else Console()
+WHERE = "a sweep directory, or an audit log file (a sweep's audit.jsonl, or your own one)"
 
 
 # -- audit ----------------------------------------------------------------------------------
@@ -125,7 +43,20 @@ def audit_path(given: Path) -> tuple[Path, str]:
     return path, "none"
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
+def audit_args(a: argparse.ArgumentParser) -> None:
+    asub = a.add_subparsers(dest="audit_cmd", required=True)
+    av = asub.add_parser("verify", help="check the hash chain; names an edited/deleted/reordered/truncated record")
+    av.add_argument("path", type=Path, help=WHERE)
+    ash = asub.add_parser("show", help="print the records as a table")
+    ash.add_argument("path", type=Path, help=WHERE)
+    ash.add_argument("--job", default=None, help="only this job id (or target)")
+    ash.add_argument("--action", default=None, help="only this action kind (resubmit, cancel, …)")
+    ash.add_argument("--decision", default=None, help="only this decision (allow, deny, needs_approval, held, …)")
+    ash.add_argument("--since", default=None, help="only records since: 30m, 2h, 1d, an ISO time or a unix time")
+    ash.add_argument("--json", action="store_true")
+
+
+def audit(args: argparse.Namespace) -> int:
     from slurmagent.safety.audit import AuditLog, audit_table, filter_records, parse_since, verify
 
     path, missing = audit_path(args.path)
@@ -159,7 +90,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         # the summary on its own line: a table title would wrap a long path mid-sentence
         print(f"{path}: {len(rows)} of {len(records)} record(s)")
-        _console().print(audit_table(rows, "audit"))
+        console().print(audit_table(rows, "audit"))
     return EXIT_OK
 
 
@@ -179,7 +110,14 @@ def _store(sweep: Path | None) -> Any:
     )
 
 
-def cmd_approvals(args: argparse.Namespace) -> int:
+def approvals_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--sweep", type=Path, default=None, help="a sweep directory: its approvals")
+    ap.add_argument("--all", action="store_true", help="also decided, executed and expired ones")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--run", action="store_true", help="run approved actions that have not run yet (as the owner)")
+
+
+def approvals(args: argparse.Namespace) -> int:
     from rich.table import Table
     from rich.text import Text
 
@@ -208,7 +146,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
             str(r.action.get("reason", "")),
         )
         table.add_row(*(Text(c) for c in cells))
-    _console().print(table)
+    console().print(table)
     return EXIT_OK
 
 
@@ -290,9 +228,25 @@ def _record_vote(status: Any, verdict: str, note: str, sweep_log: Any) -> None:
             )
 
 
-def cmd_vote(args: argparse.Namespace) -> int:
+def approve_args(v: argparse.ArgumentParser) -> None:
+    v.add_argument("id")
+    v.add_argument("--sweep", type=Path, default=None, help="a sweep directory: its approvals")
+    v.add_argument("--note", default=None, help="why (recorded in the audit log)")
+
+
+reject_args = approve_args
+
+
+def approve(args: argparse.Namespace) -> int:
+    return _vote(args, "approve")
+
+
+def reject(args: argparse.Namespace) -> int:
+    return _vote(args, "reject")
+
+
+def _vote(args: argparse.Namespace, verdict: str) -> int:
     store = _store(args.sweep)
-    verdict = "approve" if args.cmd == "approve" else "reject"
     request = store.get(args.id)
     sweep_log = _sweep_audit(request.audit)
     # under the sweep log's lock: the vote's record lands before the outcome of the run it enables
@@ -312,24 +266,53 @@ def cmd_vote(args: argparse.Namespace) -> int:
 
 
 # -- kill switch ----------------------------------------------------------------------------
-def cmd_switch(args: argparse.Namespace) -> int:
-    from slurmagent.safety.switch import pause, resume
+def resume_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--sweep", type=Path, default=None, help="only this sweep")
+    g.add_argument("--all", action="store_true", help="every sweep of this user (the default)")
 
+
+def pause_args(p: argparse.ArgumentParser) -> None:
+    resume_args(p)
+    p.add_argument("--reason", default=None)
+
+
+def _switched(args: argparse.Namespace) -> str:
     if args.sweep is not None:
         check_path(args.sweep, "dir", "--sweep")
-    what = f"sweep {args.sweep}" if args.sweep is not None else "every sweep of this user"
-    if args.cmd == "pause":
-        path = pause(args.sweep, args.reason or "")
-        lift = slurmagent_command("resume", *(["--sweep", args.sweep] if args.sweep is not None else []))
-        print(f"paused automated actions of {what} ({path}); running jobs keep running; `{lift}` lifts it")
-        return EXIT_OK
-    removed = resume(args.sweep)
+    return f"sweep {args.sweep}" if args.sweep is not None else "every sweep of this user"
+
+
+def pause(args: argparse.Namespace) -> int:
+    from slurmagent.safety import switch
+
+    what = _switched(args)
+    path = switch.pause(args.sweep, args.reason or "")
+    lift = slurmagent_command("resume", *(["--sweep", args.sweep] if args.sweep is not None else []))
+    print(f"paused automated actions of {what} ({path}); running jobs keep running; `{lift}` lifts it")
+    return EXIT_OK
+
+
+def resume(args: argparse.Namespace) -> int:
+    from slurmagent.safety import switch
+
+    what = _switched(args)
+    removed = switch.resume(args.sweep)
     print(f"resumed {what} ({removed})" if removed else f"{what} was not paused")
     return EXIT_OK
 
 
 # -- replay ---------------------------------------------------------------------------------
-def cmd_replay(args: argparse.Namespace) -> int:
+def replay_args(rp: argparse.ArgumentParser) -> None:
+    rp.add_argument("history", type=Path, help="a sweep's history.jsonl (or the sweep directory)")
+    rp.add_argument(
+        "--policy", type=Path, default=None, help="a name in conf/policy or a YAML path (default: the sweep's)"
+    )
+    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--fail-on-change", action="store_true", help="exit 1 when a decision changes")
+
+
+def replay(args: argparse.Namespace) -> int:
     from slurmagent.safety.paths import SWEEP_HISTORY
     from slurmagent.safety.policy import load_policy, resolve_policy
     from slurmagent.safety.replay import history_path, load_history, replay, replay_diff, replay_table
@@ -358,61 +341,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 )
             )
     else:
-        _console().print(replay_table(rows, policy.name))
+        console().print(replay_table(rows, policy.name))
         diff = replay_diff(rows)
         print("\n".join(diff) if diff else f"no decision changes under policy {policy.name}")
     changed = sum(r.changed for r in rows)
     print(f"{changed} of {len(rows)} decision(s) change under policy {policy.name}; nothing was executed")
     return EXIT_FAILED if (changed and args.fail_on_change) else EXIT_OK
-
-
-# -- registration ---------------------------------------------------------------------------
-def add_parsers(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
-    where = "a sweep directory, or an audit log file (a sweep's audit.jsonl, or your own one)"
-    a = sub.add_parser("audit", help="verify or show the audit log of automated actions")
-    asub = a.add_subparsers(dest="audit_cmd", required=True)
-    av = asub.add_parser("verify", help="check the hash chain; names an edited/deleted/reordered/truncated record")
-    av.add_argument("path", type=Path, help=where)
-    ash = asub.add_parser("show", help="print the records as a table")
-    ash.add_argument("path", type=Path, help=where)
-    ash.add_argument("--job", default=None, help="only this job id (or target)")
-    ash.add_argument("--action", default=None, help="only this action kind (resubmit, cancel, …)")
-    ash.add_argument("--decision", default=None, help="only this decision (allow, deny, needs_approval, held, …)")
-    ash.add_argument("--since", default=None, help="only records since: 30m, 2h, 1d, an ISO time or a unix time")
-    ash.add_argument("--json", action="store_true")
-
-    ap = sub.add_parser("approvals", help="list pending approvals")
-    ap.add_argument("--sweep", type=Path, default=None, help="a sweep directory: its approvals")
-    ap.add_argument("--all", action="store_true", help="also decided, executed and expired ones")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--run", action="store_true", help="run approved actions that have not run yet (as the owner)")
-    for name in ("approve", "reject"):
-        v = sub.add_parser(name, help=f"{name} a pending action as the calling user")
-        v.add_argument("id")
-        v.add_argument("--sweep", type=Path, default=None, help="a sweep directory: its approvals")
-        v.add_argument("--note", default=None, help="why (recorded in the audit log)")
-
-    for name, helptext in (("pause", "stop automated actions (kill switch)"), ("resume", "lift the kill switch")):
-        p = sub.add_parser(name, help=helptext)
-        g = p.add_mutually_exclusive_group()
-        g.add_argument("--sweep", type=Path, default=None, help="only this sweep")
-        g.add_argument("--all", action="store_true", help="every sweep of this user (the default)")
-        if name == "pause":
-            p.add_argument("--reason", default=None)
-
-    rp = sub.add_parser("replay", help="run a policy over a recorded history, executing nothing")
-    rp.add_argument("history", type=Path, help="a sweep's history.jsonl (or the sweep directory)")
-    rp.add_argument(
-        "--policy", type=Path, default=None, help="a name in conf/policy or a YAML path (default: the sweep's)"
-    )
-    rp.add_argument("--json", action="store_true")
-    rp.add_argument("--fail-on-change", action="store_true", help="exit 1 when a decision changes")
-    return {
-        "audit": cmd_audit,
-        "approvals": cmd_approvals,
-        "approve": cmd_vote,
-        "reject": cmd_vote,
-        "pause": cmd_switch,
-        "resume": cmd_switch,
-        "replay": cmd_replay,
-    }

@@ -1,0 +1,82 @@
+"""`slurmagent doctor`: why a job or a sweep's tasks failed, and what to do (recovery/diagnose.py
+decides; this reads the logs and says it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from slurmagent.cli.args import JOB_ID, sweep_dir_arg
+from slurmagent.cli.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+
+
+def doctor_args(dr: argparse.ArgumentParser) -> None:
+    dr.add_argument("target", type=Path, help="a sweep directory or a Slurm job id (digits, or 123_4)")
+    dr.add_argument("--json", action="store_true", help="one JSON object per diagnosed task")
+
+
+def doctor(args: argparse.Namespace) -> int:
+    """TARGET is a sweep directory, a Slurm job id (123), an array task (123_4) or an array (123)."""
+
+    from slurmagent.recovery.diagnose import Diagnosis, diagnose
+    from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
+    from slurmagent.supervise.jobfiles import job_logs
+    from slurmagent.supervise.recover import collect_logs
+    from slurmagent.supervise.state import SweepStore
+
+    target = str(args.target)
+    found: list[tuple[str, Diagnosis]] = []
+    # a job id unless a sweep directory of that name is here; anything else is a path (from the cwd)
+    if not JOB_ID.fullmatch(target) or (Path(target) / "sweep.json").exists():
+        state = SweepStore(sweep_dir_arg(Path(target))).load()
+        for t in state.tasks:
+            if t.state != "COMPLETED" and t.done and t.job_id:
+                found.append((f"task {t.index} ({t.job_id}, {t.state})", diagnose(t.state, collect_logs(state, t))))
+    else:
+        slurm = SlurmCLI()
+        if not slurm.available():
+            print(
+                f"slurmagent: error: Slurm does not answer here, so job {target} cannot be looked up; "
+                "for a local run, pass its sweep directory: slurmagent doctor DIR",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        statuses = slurm.statuses([target])
+        # an array's own id (what squeue shows first) stands for all of its tasks
+        jobs = (
+            [statuses[target]] if target in statuses else [s for k, s in statuses.items() if k.startswith(f"{target}_")]
+        )
+        if not jobs:
+            print(f"slurmagent: error: Slurm accounting knows no job {target}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        ended_ok = [s for s in jobs if s.state == "COMPLETED"]
+        for status in jobs:
+            if status.state == "COMPLETED" or status.state not in TERMINAL_STATES:
+                continue
+            found.append(
+                (
+                    f"job {status.job_id} ({status.state}, exit {status.exit_code}, nodes {status.nodes})",
+                    diagnose(status.state, job_logs(slurm, status.job_id)),
+                )
+            )
+        if not found:
+            running = [s for s in jobs if s.state not in TERMINAL_STATES]
+            print(
+                f"nothing to diagnose: {len(ended_ok)} of {len(jobs)} job(s) of {target} completed"
+                + (f", {len(running)} not finished yet ({running[0].state})" if running else "")
+            )
+            return EXIT_OK
+    if not found:
+        print("no failed task: nothing to diagnose")
+        return EXIT_OK
+    for name, diag in found:
+        if args.json:
+            print(json.dumps({"target": name, **diag.to_json()}))
+            continue
+        print(f"{name}: {diag.summary}")
+        print(f"  cause: {diag.cause}; retryable: {diag.retryable}; suggestion: {diag.suggestion}")
+        for ev in diag.evidence:
+            print(f"  {ev.source}:{ev.line}: {ev.text}")
+    return EXIT_FAILED
