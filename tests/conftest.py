@@ -10,6 +10,7 @@ starts, the same way.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,15 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # the per-user state every test run writes (the user's audit log, the sweep index, the job
 # history) goes into a directory of this run, never into the real ~/.local/state/slurmagent
 os.environ.setdefault("SLURMAGENT_STATE_DIR", tempfile.mkdtemp(prefix="slurmagent-tests-state-"))
+
+
+def audit_records(path: Path, retention: bool = False) -> list[dict[str, Any]]:
+    """The records of an audit log (none when it does not exist). A run's checkpoint.keep_last
+    deletions are gate actions too (tests/unit/test_checkpoint.py); a test of other actions
+    leaves them out (retention=False), so what it counts does not depend on how often the
+    run checkpointed."""
+    recs = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in recs if retention or r.get("action") != "delete_checkpoint"]
 
 
 @pytest.fixture(scope="session")

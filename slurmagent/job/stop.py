@@ -148,6 +148,7 @@ class LoopApprover:
         evidence: dict[str, Any],
         params: dict[str, Any],
         apply: Callable[[], dict[str, Any]],
+        source: str = "",
     ) -> Approval:
         if kind not in ACTION_KINDS:
             raise SlurmAgentError(f"unknown action kind {kind!r} asked by the step loop")
@@ -159,7 +160,7 @@ class LoopApprover:
             params=dict(params),
             evidence=[Evidence(self.SOURCE, 0, f"{key}: {value}") for key, value in evidence.items()],
             metrics_before=dict(evidence),
-            context={"attempt": self.attempt, "source": self.SOURCE, "cause": cause},
+            context={"attempt": self.attempt, "source": source or self.SOURCE, "cause": cause},
         )
 
         def run(_action: Action) -> dict[str, Any]:

@@ -15,6 +15,7 @@ the same snapshot.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import io
 import json
@@ -195,14 +196,27 @@ def _loads(data: bytes) -> Any:
     return pickle.loads(data)  # our own checkpoint files
 
 
+# lets an old checkpoint go (checkpoint.keep_last): called with its entry and a function that
+# deletes its file, it runs that function (or not) and says whether the file is gone
+Pruner = Callable[[CheckpointEntry, Callable[[], None]], bool]
+
+
 class CheckpointManager:
     """Saves and restores checkpoints in one directory."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], keep_last: int = 3, clock: Callable[[], float] = time.time
+        self,
+        directory: str | os.PathLike[str],
+        keep_last: int = 3,
+        clock: Callable[[], float] = time.time,
+        prune: Pruner | None = None,
     ) -> None:
         self.dir = Path(directory)
         self.keep_last = keep_last
+        # who lets an old checkpoint go (keep_last): the job's gate (runtime/loop.py hands it over);
+        # None: deleted here (a manager used outside a job, e.g. by a skill)
+        self._prune = prune
+        self._kept: set[str] = set()  # files the pruner did not let go: kept, still in the manifest
         self._clock = clock
         self.last_save_s: float = 0.0  # duration of the last completed save, start to durable file
         self.last_blocked_s: float = 0.0  # how long the last save call blocked its caller
@@ -335,10 +349,28 @@ class CheckpointManager:
             raise CheckpointError(
                 f"could not write checkpoint manifest {self.dir / MANIFEST}: {exc}; older checkpoints are intact"
             ) from exc
-        for old in drop:
-            if old.file not in {k.file for k in keep}:
-                (self.dir / old.file).unlink(missing_ok=True)
+        kept = self._let_go([old for old in drop if old.file not in {k.file for k in keep}])
+        if kept:  # a checkpoint the gate did not let go stays a checkpoint: listed, restorable
+            try:
+                self._write_manifest(keep + kept)
+            except OSError as exc:
+                log.warning("checkpoint manifest %s: could not list the kept %s again: %s", self.dir, kept, exc)
         return entry
+
+    def _let_go(self, old: list[CheckpointEntry]) -> list[CheckpointEntry]:
+        """Delete checkpoints older than the newest keep_last, each as the pruner allows;
+        returns those kept. A file the pruner kept once is not asked about again by this manager."""
+        kept: list[CheckpointEntry] = []
+        for entry in old:
+            path = self.dir / entry.file
+            if entry.file in self._kept:
+                kept.append(entry)
+            elif self._prune is None:
+                path.unlink(missing_ok=True)
+            elif not self._prune(entry, functools.partial(path.unlink, missing_ok=True)):
+                self._kept.add(entry.file)
+                kept.append(entry)
+        return kept
 
     def verify(self, entry: CheckpointEntry) -> bytes | None:
         """The checkpoint's bytes if its checksum matches, else None."""

@@ -37,7 +37,8 @@ class Approval:
 
 class Approver(Protocol):
     """Ask the gate for an in-loop action of this job (`kind`: an action kind such as decay_lr
-    or restart_schedule); `apply` makes the change and is run by the gate only when allowed."""
+    or restart_schedule); `apply` makes the change and is run by the gate only when allowed.
+    `source`: who in the loop asks (the policy's `source_in`); "" for the in-loop controller."""
 
     def __call__(
         self,
@@ -46,6 +47,7 @@ class Approver(Protocol):
         evidence: dict[str, Any],
         params: dict[str, Any],
         apply: Callable[[], dict[str, Any]],
+        source: str = "",
     ) -> Approval: ...
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from slurmagent.config import CheckpointConf
-from slurmagent.primitives.checkpoint import CheckpointManager
+from slurmagent.errors import SlurmAgentError
+from slurmagent.primitives.checkpoint import CheckpointEntry, CheckpointManager, Pruner
 from slurmagent.primitives.env import Progress, TaskFile
 from slurmagent.primitives.signals import GraceFn, StopFlag, install_handlers, restore_handlers, signal_number
-from slurmagent.runtime.context import Approval, JobContext
+from slurmagent.runtime.context import Approval, Approver, JobContext
 from slurmagent.runtime.health import HealthMonitor, monitor_for
 
 if TYPE_CHECKING:
@@ -231,7 +232,9 @@ class StepLoop:
         rung = ctx.stop_at * steps_per_unit if ctx.stop_at and steps_per_unit else total_steps
         self.end_step = min(total_steps, rung)
         self.conf = conf or ctx.checkpoint
-        self.manager = CheckpointManager(ctx.checkpoint_dir, keep_last=self.conf.keep_last)
+        self.manager = CheckpointManager(
+            ctx.checkpoint_dir, keep_last=self.conf.keep_last, prune=keep_last_pruner(ctx.approve, self.conf.keep_last)
+        )
         self._owned = ctx.signals is not None  # the job wrapper owns the signals and the flag
         self.flag = ctx.signals.flag if ctx.signals is not None else StopFlag()
         self._clock = clock
@@ -465,3 +468,35 @@ class StepLoop:
             if self._metrics_file is not None:
                 self._metrics_file.close()
                 self._metrics_file = None
+
+
+KEEP_LAST_SOURCE = "checkpoint:keep_last"  # who asks the gate to delete an old checkpoint (the policy's source_in)
+
+
+def keep_last_pruner(approve: Approver | None, keep_last: int) -> Pruner | None:
+    """Old checkpoints (beyond checkpoint.keep_last) are deleted through the gate: each one a
+    delete_checkpoint action, source checkpoint:keep_last, decided by the sweep's policy and
+    kill switch and recorded in its audit log, the deletion its executor. Not allowed (or the
+    gate unreachable): the file stays, listed in the manifest. None outside a job: no gate."""
+    if approve is None:
+        return None
+
+    def prune(entry: CheckpointEntry, delete: Callable[[], None]) -> bool:
+        def run() -> dict[str, Any]:
+            delete()
+            return {"deleted": entry.file, "step": entry.step, "bytes": entry.bytes}
+
+        try:
+            return approve(
+                "delete_checkpoint",
+                f"checkpoint.keep_last={keep_last}: step {entry.step} is older than the newest {keep_last}",
+                {"trigger": "keep_last", "file": entry.file, "step": entry.step},
+                {"file": entry.file, "keep_last": keep_last},
+                run,
+                source=KEEP_LAST_SOURCE,
+            ).granted
+        except (SlurmAgentError, OSError) as exc:  # e.g. an audit log that cannot be written: nothing deleted
+            log.warning("checkpoint %s kept: could not ask the gate to delete it: %s", entry.file, exc)
+            return False
+
+    return prune

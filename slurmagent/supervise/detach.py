@@ -36,7 +36,7 @@ from types import FrameType
 from typing import Any
 
 from slurmagent.commands import slurmagent_command
-from slurmagent.config import LauncherConf, ResourcesConf, parse_conf
+from slurmagent.config import LauncherConf, RecoveryConf, ResourcesConf, parse_conf
 from slurmagent.errors import ConfigError, SlurmAgentError
 from slurmagent.files import atomic_write
 from slurmagent.records import Action
@@ -44,7 +44,7 @@ from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.gate import Gate
 from slurmagent.safety.paths import SWEEP_AUDIT
-from slurmagent.slurm.sbatch import safe_directive_value, safe_job_name, sbatch_flags
+from slurmagent.slurm.sbatch import safe_directive_value, safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
 from slurmagent.supervise.procs import cmdline
 from slurmagent.supervise.state import SweepState, SweepStore
@@ -85,12 +85,13 @@ def supervisor_script(state: SweepState, conf: LauncherConf, account: str | None
     log_path = f"{state.sweep_dir}/.slurmagent/supervisor-%j.log"
     if not safe_directive_value(log_path):
         raise ConfigError(f"the sweep directory {state.sweep_dir!r} cannot stand in an #SBATCH line")
+    # its signal goes to the batch shell: the supervisor is the script's own process
+    own = RecoveryConf(signal="USR1", signal_delay_s=TIME_LIMIT_WARNING_S, requeue=True)
+    to_shell = True
     flags = {
         "job-name": safe_job_name(f"{state.job_name or 'sweep'}-supervisor"),
         "output": log_path,
-        "open-mode": "append",
-        "requeue": None,
-        "signal": f"B:USR1@{TIME_LIMIT_WARNING_S}",
+        **stop_flags(own, batch_shell=to_shell),
         **sbatch_flags(supervisor_resources(conf, account)),
     }
     lines = ["#!/bin/bash", "# the supervisor of a detached slurmagent sweep (slurmagent/supervise/detach.py)"]

@@ -19,6 +19,7 @@ from slurmagent.runtime.health import STOP_RECORD
 from slurmagent.runtime.loop import StopForRequeue
 from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI
+from tests.conftest import audit_records
 
 SCRIPT = """#!/bin/bash
 #SBATCH --time=1
@@ -41,8 +42,7 @@ def running_job(fake: FakeSlurm, tmp_path: Path) -> tuple[SlurmCLI, JobContext]:
 
 
 def audit(ctx: JobContext) -> list[tuple[str, str, str]]:
-    lines = (ctx.output_dir / "audit.jsonl").read_text().splitlines()
-    return [(r["type"], r["action"], r["decision"]) for r in map(json.loads, lines)]
+    return [(r["type"], r["action"], r["decision"]) for r in audit_records(ctx.output_dir / "audit.jsonl")]
 
 
 def test_time_limit_requeues_through_the_gate_within_its_bound(fake: FakeSlurm, tmp_path: Path) -> None:

@@ -6,12 +6,12 @@ Each test takes seconds; tests/slurm/ proves the same paths on the real cluster.
 from __future__ import annotations
 
 import hashlib
-import json
 import signal
 import time
 from pathlib import Path
 
 from slurmagent.slurm.fake import FakeSlurm
+from tests.conftest import audit_records
 from tests.fake.conftest import finish, first_job_id, running, slurmagent, start, sweep_state
 
 SYNTHETIC = ("+experiment=synthetic", "cluster=slurm", "hydra.launcher.poll_interval_s=0.3")
@@ -27,7 +27,7 @@ def digest(steps: int) -> str:
 
 def audit(sweep: Path) -> list[dict[str, object]]:
     path = sweep / "audit.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return audit_records(path)
 
 
 def test_launch_submits_one_array_and_supervises_it_to_the_end(fake: FakeSlurm, tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
     assert fake.job(job)["runs"][0][0] == "PREEMPTED"
     # the requeued run started from what the stopped one left (no composition, no sweep context)
     assert (sweep / ".slurmagent" / "requeue" / f"0-{job}.pkl").is_file()
-    assert not (sweep / "audit.jsonl").exists()  # SIGTERM: Slurm's own requeue, nothing for the gate
+    assert audit(sweep) == []  # SIGTERM: Slurm's own requeue, nothing for the gate
 
 
 def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: FakeSlurm, tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from fault_cases import sweep_argv
 
+from tests.conftest import audit_records
+
 pytestmark = pytest.mark.slurm
 
 STEPS = 120
@@ -95,7 +97,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
         time.sleep(0.5)
     assert history[-1] == "COMPLETED" and "REQUEUED" in history, history
     # the job's own requeue went through the action gate: decision and outcome, with evidence
-    records = [json.loads(x) for x in (sweep / "audit.jsonl").read_text().splitlines()]
+    records = audit_records(sweep / "audit.jsonl")
     assert [(r["type"], r["action"]) for r in records] == [("decision", "requeue"), ("outcome", "requeue")]
     assert records[0]["decision"] == "allow" and records[1]["ok"]
     assert records[0]["context"]["source"] == "runtime" and records[0]["context"]["cause"] == "signal"

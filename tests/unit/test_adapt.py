@@ -42,8 +42,9 @@ from slurmagent.runtime import StepLoop, StopForRequeue, context_from_env
 from slurmagent.runtime.adapt import Controller, MicroBatcher, MicroBatchExhausted
 from slurmagent.runtime.context import JobContext, set_current
 from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_hash
-from slurmagent.safety.audit import AuditLog, verify
+from slurmagent.safety.audit import verify
 from slurmagent.safety.switch import pause
+from tests.conftest import audit_records
 
 MSG = (
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.77 GiB of which 1.12 GiB is free."
@@ -274,7 +275,7 @@ def test_through_the_gate_allowed_and_audited(tmp_path: Path) -> None:
     assert math.isfinite(run.loss)
     (rec,) = lines(sweep / "0")
     assert (rec["decision"], rec["rule"], rec["applied"]) == ("allow", "default:decay-lr", True)
-    audit = AuditLog(sweep / "audit.jsonl").records()
+    audit = audit_records(sweep / "audit.jsonl")
     assert [(r["type"], r["action"], r["decision"]) for r in audit] == [
         ("decision", "decay_lr", "allow"),
         ("outcome", "decay_lr", "allow"),
@@ -300,7 +301,7 @@ def test_denied_by_policy_nothing_changes_and_the_denial_is_recorded(tmp_path: P
     assert [(r["step"], r["kind"], r["decision"], r["applied"]) for r in recs[:1]] == [(33, "decay_lr", "deny", False)]
     assert recs[0]["rule"] == "no-adapt:no-lr-decay" and recs[0]["result"] == {}
     assert all(r["decision"] in ("deny", "capped") for r in recs)
-    audit = AuditLog(sweep / "audit.jsonl").records()
+    audit = audit_records(sweep / "audit.jsonl")
     assert [(r["type"], r["action"], r["decision"]) for r in audit] == [("decision", "decay_lr", "deny")]
     assert denied.controller.explosion_granted == 0 and denied.controller.explosion_asked == 1
 

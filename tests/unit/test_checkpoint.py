@@ -105,3 +105,44 @@ def test_context_from_slurm_environment(tmp_path: Path) -> None:
     assert ctx.slurm_requeue_id == "40_2" and ctx.attempt == 4 and ctx.restart_count == 3
     assert ctx.rank == 1 and ctx.world_size == 4 and ctx.backend == "slurm"
     assert ctx.checkpoint_dir == tmp_path / "checkpoints"
+
+
+def test_keep_last_deletes_old_checkpoints_through_the_gate_and_the_kill_switch_keeps_them(tmp_path: Path) -> None:
+    """checkpoint.keep_last's deletions are delete_checkpoint actions of the job's gate: allowed
+    by the shipped policy's prune-keep-last rule and audited; paused, the file stays, listed."""
+    from dataclasses import replace
+
+    from slurmagent.job.stop import LoopApprover
+    from slurmagent.safety.audit import AuditLog
+    from slurmagent.safety.switch import pause
+
+    sweep = tmp_path / "sweep"
+    ctx = replace(context_from_env({}, output_dir=sweep / "0"), sweep_dir=sweep)
+    ctx = replace(ctx, approve=LoopApprover(ctx))
+    conf = CheckpointConf(every_steps=1, keep_last=2)
+    loop = StepLoop(ctx, Counter(), total_steps=4, conf=conf, install_signal_handlers=False)
+    for _ in loop:
+        pass
+    steps = [e.step for e in loop.manager.entries()]
+    assert len(steps) == 2 and all((loop.manager.dir / e.file).exists() for e in loop.manager.entries())
+    audit = AuditLog(sweep / "audit.jsonl").records()
+    decisions = [r for r in audit if r["type"] == "decision"]
+    deleted = [r for r in audit if r["type"] == "outcome" and r["ok"]]
+    assert decisions and {(r["action"], r["decision"], r["rule"]) for r in decisions} == {
+        ("delete_checkpoint", "allow", "default:prune-keep-last")
+    }
+    assert decisions[0]["context"]["source"] == "checkpoint:keep_last"
+    assert len(deleted) == len(decisions)  # each one ran inside the gate
+    files_before = sorted(p.name for p in loop.manager.dir.glob("*.ckpt"))
+    assert len(files_before) == 2  # the others are gone
+
+    pause(sweep, "keep everything")
+    more = StepLoop(ctx, Counter(), total_steps=7, conf=conf, install_signal_handlers=False)
+    for _ in more:
+        pass
+    entries = more.manager.entries()
+    assert len(entries) > 2  # none let go while paused: each still listed …
+    assert all((more.manager.dir / e.file).exists() for e in entries)  # … and on disk
+    held = [r for r in AuditLog(sweep / "audit.jsonl").records() if r.get("decision") == "held"]
+    assert held and all(r["action"] == "delete_checkpoint" for r in held)
+    assert len(held) == len(entries) - 2  # asked once per file, not at every save

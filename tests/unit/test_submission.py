@@ -397,3 +397,17 @@ def test_a_launcher_killed_at_an_array_of_30000_tasks_orphans_nothing(
     assert {own: len(ks) for own, ks in by_array.items()} == {str(a["id"]): a["n"] for a in arrays}
     assert all(sorted(ks) == list(range(len(ks))) for ks in by_array.values())
     assert [i["state"] for i in final.submissions] == ["submitted"] * 30
+
+
+def test_the_supervisor_job_carries_the_stop_flags_of_every_job(tmp_path: Path) -> None:
+    """The detached supervisor's script gets --requeue, --open-mode and --signal from the one
+    place that writes them for every job (slurm/sbatch.stop_flags), with its own signal."""
+    from slurmagent.config import LauncherConf
+    from slurmagent.supervise.detach import TIME_LIMIT_WARNING_S, supervisor_script
+    from slurmagent.supervise.state import SweepState
+
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path / ".submitit"), 0.0, [])
+    lines = supervisor_script(state, LauncherConf(), None, tmp_path).splitlines()
+    assert "#SBATCH --requeue" in lines
+    assert "#SBATCH --open-mode=append" in lines
+    assert f"#SBATCH --signal=B:USR1@{TIME_LIMIT_WARNING_S}" in lines
