@@ -1,7 +1,7 @@
 """The one seam to Slurm: every sbatch/squeue/sacct/scontrol/scancel/sinfo call of
 slurmagent is a named verb of `SlurmCLI` (`statuses`, `job_state`, `submit`, `requeue`,
 `exclude`, `drain`, `resume`, `cancel`, …) that builds an argument vector (never a shell)
-and runs it through one runner. Tests inject a runner: `slurmagent.slurm.fake.FakeSlurm`
+and runs it through one runner. Tests inject a runner: `tests/fake/fake_slurm.py:FakeSlurm`
 answers like a small cluster, in memory.
 
 Parsing lives in pure functions (`parse_*`) so it is tested on recorded output.

@@ -1,5 +1,5 @@
 """Fixtures for the fast tests that drive launch, supervision, the job's stop path and
-recovery through `slurmagent.slurm.fake.FakeSlurm`: a stand-in for Slurm that runs the
+recovery through `tests.fake.fake_slurm.FakeSlurm`: a stand-in for Slurm that runs the
 submitted jobs as local processes. The same paths are proven on the real test cluster by
 tests/slurm/; these run in seconds and need no cluster."""
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from slurmagent.slurm.fake import FakeSlurm
 from tests.conftest import IN_CI
+from tests.fake.fake_slurm import FakeSlurm
 
 
 @pytest.fixture()

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from slurmagent.primitives.env import sweep_key
-from slurmagent.slurm.fake import FakeSlurm
 from tests.fake.conftest import finish, slurmagent, start, sweep_state
+from tests.fake.fake_slurm import FakeSlurm
 from tests.fake.test_through_fake_slurm import SYNTHETIC, digest
 
 

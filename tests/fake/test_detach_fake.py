@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmagent.slurm.fake import FakeSlurm
 from tests.fake.conftest import ctrl_c_as_in_a_terminal, first_job_id, slurmagent, start, sweep_state, wait_steps
+from tests.fake.fake_slurm import FakeSlurm
 
 SYNTHETIC = (
     "+experiment=synthetic",

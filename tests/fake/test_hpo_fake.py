@@ -1,4 +1,4 @@
-"""The adaptive search through the fake Slurm (slurmagent/slurm/fake.py): trials are array
+"""The adaptive search through the fake Slurm (tests/fake/fake_slurm.py): trials are array
 tasks, promotions resume their checkpoints, a preempted trial keeps its trial, a killed
 launcher's study is continued by `watch`, bad input submits nothing. The real cluster
 runs the same in tests/slurm/test_hpo_slurm.py."""
@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmagent.slurm.fake import FakeSlurm
 from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state, wait_steps
+from tests.fake.fake_slurm import FakeSlurm
 
 SEARCH = (
     "+experiment=synthetic",

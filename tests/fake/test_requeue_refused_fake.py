@@ -18,8 +18,8 @@ from slurmagent.job.stop import handle_stop
 from slurmagent.recovery import Resubmit, diagnose, plan
 from slurmagent.runtime.context import JobContext, context_from_env
 from slurmagent.runtime.loop import StopForRequeue
-from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI
+from tests.fake.fake_slurm import FakeSlurm
 
 SCRIPT = """#!/bin/bash
 #SBATCH --time={minutes}

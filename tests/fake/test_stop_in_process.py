@@ -17,9 +17,9 @@ from slurmagent.job.stop import handle_stop
 from slurmagent.runtime.context import JobContext, context_from_env
 from slurmagent.runtime.health import STOP_RECORD
 from slurmagent.runtime.loop import StopForRequeue
-from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI
 from tests.conftest import audit_records
+from tests.fake.fake_slurm import FakeSlurm
 
 SCRIPT = """#!/bin/bash
 #SBATCH --time=1

@@ -9,8 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from slurmagent.slurm.fake import FakeSlurm
 from tests.fake.conftest import slurmagent, start, sweep_state
+from tests.fake.fake_slurm import FakeSlurm
 
 QUICK = ("+experiment=synthetic", "cluster=slurm", "hydra.launcher.poll_interval_s=0.3", "synthetic.step_time_s=0.01")
 

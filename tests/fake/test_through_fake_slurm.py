@@ -1,5 +1,5 @@
 """Launch, supervision, the job's own stop path and recovery, end to end through the fake
-Slurm (slurmagent/slurm/fake.py): the real CLI, launcher, submitit script, runtime and
+Slurm (tests/fake/fake_slurm.py): the real CLI, launcher, submitit script, runtime and
 supervisor, with Slurm's commands answered by the fake and the jobs run as local processes.
 Each test takes seconds; tests/slurm/ proves the same paths on the real cluster."""
 
@@ -10,9 +10,9 @@ import signal
 import time
 from pathlib import Path
 
-from slurmagent.slurm.fake import FakeSlurm
 from tests.conftest import audit_records
 from tests.fake.conftest import finish, first_job_id, running, slurmagent, start, sweep_state
+from tests.fake.fake_slurm import FakeSlurm
 
 SYNTHETIC = ("+experiment=synthetic", "cluster=slurm", "hydra.launcher.poll_interval_s=0.3")
 

@@ -18,11 +18,11 @@ from slurmagent.errors import CheckpointError
 from slurmagent.primitives.checkpoint import MANIFEST, CheckpointManager
 from slurmagent.recovery import Resubmit, diagnose, plan
 from slurmagent.recovery.plan import exclude_nodes
-from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI, parse_sacct
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 from slurmagent.syntax import split_hostlist
+from tests.fake.fake_slurm import FakeSlurm
 
 # `sacct -n --parsable2 --duplicates -o JobID,State,ExitCode,Reason,NodeList` on the test
 # cluster while a --requeue job whose node (t4-2) was stopped waits to run again

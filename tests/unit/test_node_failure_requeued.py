@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from slurmagent.config import job_spec
-from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI, parse_sacct
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+from tests.fake.fake_slurm import FakeSlurm
 
 # `sacct -n --parsable2 --duplicates -o JobID,State,ExitCode,Reason,NodeList` on the test cluster:
 # array task 76_1 lost its run on cpu-2 (slurmd stopped), Slurm requeued it, and by the supervisor's

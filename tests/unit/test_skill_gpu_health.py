@@ -25,8 +25,8 @@ from slurmagent.skills.gpu_health import (
     read_nvml,
 )
 from slurmagent.skills.hook import REASON_PREFIX, HookConfig, drain_reason, hook_main
-from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI
+from tests.fake.fake_slurm import FakeSlurm
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gpu_health"
 

@@ -9,9 +9,9 @@ import pytest
 from slurmagent.config import ResourcesConf
 from slurmagent.errors import ConfigError, SlurmCommandError
 from slurmagent.slurm.cluster import check_fits, parse_cluster
-from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI, parse_sacct, parse_scontrol_config
 from slurmagent.syntax import expand_array_id, parse_gres
+from tests.fake.fake_slurm import FakeSlurm
 
 SINFO_NODES = """a100-1|low|4|4000|gpu:a100:2|a100,gpu|idle
 a100-1|high|4|4000|gpu:a100:2|a100,gpu|idle

@@ -19,7 +19,6 @@ import pytest
 
 from slurmagent.config import JobSpec, job_spec
 from slurmagent.errors import SubmissionRefused
-from slurmagent.slurm.fake import FakeSlurm
 from slurmagent.slurm.seam import SlurmCLI, refusal_kind
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.submission import (
@@ -30,6 +29,7 @@ from slurmagent.supervise.submission import (
     submit_waiting,
     waiting_groups,
 )
+from tests.fake.fake_slurm import FakeSlurm
 
 LIMIT = (
     "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy (job submit limit, user's "
