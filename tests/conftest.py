@@ -30,6 +30,15 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # history) goes into a directory of this run, never into the real ~/.local/state/slurmagent
 os.environ.setdefault("SLURMAGENT_STATE_DIR", tempfile.mkdtemp(prefix="slurmagent-tests-state-"))
 
+# Hydra's plugin scan (the first Plugins.instance() of a process) executes its core plugin modules
+# again, so a class that subclassed Hydra's BasicSweeper before it — slurmagent's sweeper, imported
+# by an in-process `plan` — no longer passes BasicSweeper.__init__'s super(BasicSweeper, self). A
+# command-line process scans first (Hydra's main does); tests that run several commands in one
+# process scan here, first, as it does.
+from hydra.core.plugins import Plugins  # noqa: E402
+
+Plugins.instance()
+
 
 def audit_records(path: Path, retention: bool = False) -> list[dict[str, Any]]:
     """The records of an audit log (none when it does not exist). A run's checkpoint.keep_last

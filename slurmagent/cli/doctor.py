@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from slurmagent.cli.args import JOB_ID, sweep_dir_arg
@@ -21,10 +22,16 @@ def doctor(args: argparse.Namespace) -> int:
     """TARGET is a sweep directory, a Slurm job id (123), an array task (123_4) or an array (123)."""
 
     from slurmagent.recovery.diagnose import Diagnosis, diagnose
+    from slurmagent.recovery.plan import install_command
     from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
     from slurmagent.supervise.jobfiles import job_logs
     from slurmagent.supervise.recover import collect_logs
     from slurmagent.supervise.state import SweepStore
+
+    def with_install(diag: Diagnosis) -> Diagnosis:
+        """A module missing in the job's environment: the pip command (this python: the launcher's)."""
+        install = diag.fix_command or install_command(diag, sys.executable)
+        return replace(diag, fix_command=install) if install else diag
 
     target = str(args.target)
     found: list[tuple[str, Diagnosis]] = []
@@ -33,7 +40,11 @@ def doctor(args: argparse.Namespace) -> int:
         state = SweepStore(sweep_dir_arg(Path(target))).load()
         for t in state.tasks:
             if t.state != "COMPLETED" and t.done and t.job_id:
-                found.append((f"task {t.index} ({t.job_id}, {t.state})", diagnose(t.state, collect_logs(state, t))))
+                diag = diagnose(t.state, collect_logs(state, t))
+                stored = t.diagnosis or {}  # recovery's, with the fix it could give (resources, nodes)
+                if stored.get("cause") == diag.cause and stored.get("fix_command"):
+                    diag = replace(diag, fix_command=str(stored["fix_command"]))
+                found.append((f"task {t.index} ({t.job_id}, {t.state})", with_install(diag)))
     else:
         slurm = SlurmCLI()
         if not slurm.available():
@@ -58,7 +69,7 @@ def doctor(args: argparse.Namespace) -> int:
             found.append(
                 (
                     f"job {status.job_id} ({status.state}, exit {status.exit_code}, nodes {status.nodes})",
-                    diagnose(status.state, job_logs(slurm, status.job_id)),
+                    with_install(diagnose(status.state, job_logs(slurm, status.job_id))),
                 )
             )
         if not found:
@@ -77,6 +88,8 @@ def doctor(args: argparse.Namespace) -> int:
             continue
         print(f"{name}: {diag.summary}")
         print(f"  cause: {diag.cause}; retryable: {diag.retryable}; suggestion: {diag.suggestion}")
+        if diag.fix_command:
+            print(f"  fix: {diag.fix_command}")
         for ev in diag.evidence:
             print(f"  {ev.source}:{ev.line}: {ev.text}")
     return EXIT_FAILED

@@ -6,6 +6,8 @@ cluster's facts, so every rule is tested on recorded inputs.
 from __future__ import annotations
 
 import dataclasses
+import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -202,3 +204,70 @@ def bigger_gpu(
         return None
     best = min(found, key=lambda g: site.memory_gib(g) or 0)
     return best, found[best]
+
+
+# the keys recovery changes (plan's Resubmit.changes), as overrides of the task's command line
+_RESOURCE_KEYS = ("partition", "gpu_type", "mem", "time", "exclude")
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def install_command(diagnosis: Diagnosis, python: str) -> str | None:
+    """`PYTHON -m pip install MODULE` for a module missing from the job's environment (the
+    distribution that provides a top-level module usually has its name; not always: sklearn)."""
+    if diagnosis.cause != "missing_module":
+        return None
+    found = next((m for e in diagnosis.evidence if (m := _MISSING_MODULE.search(e.text))), None)
+    return shlex.join([python, "-m", "pip", "install", found.group(1).split(".")[0]]) if found else None
+
+
+def fix_command(
+    diagnosis: Diagnosis,
+    spec: JobSpec,
+    overrides: Sequence[str],
+    last_nodes: str,
+    cluster: ClusterInfo | None,
+    python: str,
+    suspect_nodes: dict[str, int] | None = None,
+    site: SiteConf | None = None,
+) -> str | None:
+    """The command that applies the fix of a task recovery did not (or no longer may) retry,
+    where the fix is a command; None where it is not (a code bug, a full disk, a bad path).
+
+    - a module missing from the job's environment: `PYTHON -m pip install MODULE`;
+    - a cause a resubmission can fix (host or GPU OOM, a time limit, a failed node): the task
+      launched again — its own overrides, `-m` so it goes to the same backend — with the
+      resources recovery would give its next attempt (`plan` as if no attempt had been made),
+      every resource recovery has changed so far included (`spec` is the latest attempt's)."""
+    if diagnosis.cause == "missing_module":
+        return install_command(diagnosis, python)
+    if not diagnosis.retryable:
+        return None
+    step = plan(spec, 0, diagnosis, last_nodes, cluster, suspect_nodes, site)
+    if not isinstance(step, Resubmit) or not step.changes:
+        return None
+    res = step.resources
+    changed = {k: getattr(res, k) for k in _RESOURCE_KEYS if getattr(res, k) != getattr(ResourcesConf(), k)}
+    extra = {k.split(".", 1)[1]: new for k, (_old, new) in step.changes.items() if k.startswith("extra.")}
+    set_keys = {f"resources.{k}" for k in changed} | {f"resources.extra.{k}" for k in extra}
+    argv = [python, "-m", "slurmagent", *(o for o in overrides if _key(o) not in set_keys)]
+    argv += [f"resources.{k}={_value(v)}" for k, v in changed.items()]
+    argv += [
+        f"++resources.extra.{k}={_value(v)}" if v is not None else f"~resources.extra.{k}" for k, v in extra.items()
+    ]
+    return shlex.join([*argv, "-m"])
+
+
+def _value(value: object) -> str:
+    """A value as Hydra's override grammar reads it back as that string: quoted where it has
+    a comma (a sweep under -m), brackets (a list) or other characters of the grammar."""
+    if value is None:
+        return "null"
+    text = str(value)
+    if re.fullmatch(r"[\w.:/@-]+", text):
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from slurmagent.files import atomic_write
 from slurmagent.primitives.env import TaskFile
 from slurmagent.records import Action, Decision, Evidence
 from slurmagent.recovery.diagnose import Diagnosis, diagnose
-from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, plan
+from slurmagent.recovery.plan import NODE_SUSPECT_CAUSES, Resubmit, exclude_nodes, fix_command, plan
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
 from slurmagent.safety.gate import Gate
@@ -117,6 +118,19 @@ class Recoverer:
         )
         seen = {"slurm_state": task.state, "attempt": len(task.attempts), "nodes": attempt.nodes}
         if not isinstance(step, Resubmit):
+            fix = fix_command(
+                diag,
+                spec,
+                task.overrides,
+                attempt.nodes,
+                self.cluster(state),
+                sys.executable,
+                {k: v - 1 for k, v in state.suspect_nodes.items()},
+                site_conf(state.site),
+            )
+            if fix:  # the one-click fix: `slurmagent doctor` prints it
+                diag = dataclasses.replace(diag, fix_command=fix)
+                task.diagnosis = diag.to_json()
             task.error = f"{task.state}: {step.reason}\n{task.error}"
             self._record_history(task, seen, diag, logs, None, None, step.reason)
             return

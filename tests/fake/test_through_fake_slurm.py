@@ -6,7 +6,10 @@ Each test takes seconds; tests/slurm/ proves the same paths on the real cluster.
 from __future__ import annotations
 
 import hashlib
+import shlex
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -217,3 +220,29 @@ def test_a_preemption_that_cancels_the_job_is_recovered(fake: FakeSlurm, tmp_pat
     (task,) = sweep_state(sweep)["tasks"]
     assert [a["state"] for a in task["attempts"]] == ["PREEMPTED", "COMPLETED"]
     assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10
+
+
+def test_a_task_recovery_gave_up_on_gets_a_fix_command_that_works(fake: FakeSlurm, tmp_path: Path) -> None:
+    """recovery.max_attempts=1: a host OOM is not retried; `doctor` prints the fix as a command
+    (the task again, with the memory recovery would have given it), and that command, run as
+    printed from the same directory, completes the task."""
+    launcher, sweep, job = running(
+        fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=20", "synthetic.step_time_s=0.05", "recovery.max_attempts=1"
+    )
+    fake.fail(job, "OUT_OF_MEMORY")
+    launcher.communicate(timeout=180)
+    (task,) = sweep_state(sweep)["tasks"]
+    assert task["state"] == "OUT_OF_MEMORY" and len(task["attempts"]) == 1
+    fix = task["diagnosis"]["fix_command"]
+    assert " resources.mem=384M " in fix and fix.endswith(" -m") and "+experiment=synthetic" in fix, fix
+    doctor = slurmagent(fake, tmp_path, "doctor", str(sweep))
+    assert doctor.returncode == 1 and f"  fix: {fix}" in doctor.stdout.splitlines(), doctor.stdout
+    argv = shlex.split(fix)
+    assert argv[0] == sys.executable and "hydra.sweep.dir" not in fix  # a new sweep of its own
+    again = subprocess.run(argv, cwd=tmp_path, env=fake.env(), capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr
+    (new_sweep,) = [p.parent for p in (tmp_path / "multirun").glob("*/*/sweep.json")]
+    state = sweep_state(new_sweep)
+    (redo,) = state["tasks"]
+    assert redo["state"] == "COMPLETED" and state["specs"][redo["spec_id"]]["resources"]["mem"] == "384M"
+    assert redo["result"]["digest"] == digest(20)

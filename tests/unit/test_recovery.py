@@ -98,6 +98,42 @@ def test_bounds_and_non_retryable_causes_stop() -> None:
     assert isinstance(missing, Stop) and "Not retried" in missing.reason and "/data/train/labels.csv" in missing.reason
 
 
+def test_a_fix_command_for_every_cause_whose_fix_is_a_command() -> None:
+    """Diagnosis.fix_command (recovery/plan.fix_command): the task launched again with what
+    recovery would change, every resource it changed so far kept; pip for a missing module;
+    none where the fix is not a command. Its overrides read back through Hydra's own parser."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from slurmagent.recovery.plan import fix_command
+
+    task = ["+experiment=digits", "optim.lr=0.1", "resources.mem=1G"]
+    oom = fix_command(diagnose("OUT_OF_MEMORY", logs("host_oom.err")), spec(mem="1G"), task, "cpu-1", CLUSTER, "py")
+    assert oom == "py -m slurmagent +experiment=digits optim.lr=0.1 resources.mem=1536M -m"
+    # a task recovery had moved off two nodes and given more time, then gave up on: both kept
+    moved = spec(mem="2G", exclude="a100-1,cpu-2", time="01:00:00")
+    timeout = fix_command(diagnose("TIMEOUT", {}), moved, task, "cpu-1", CLUSTER, "py")
+    assert timeout is not None
+    argv = timeout.split(" ")
+    assert argv[:5] == ["py", "-m", "slurmagent", "+experiment=digits", "optim.lr=0.1"] and argv[-1] == "-m"
+    assert "resources.mem=1G" not in argv and "resources.mem=2G" in argv and "resources.time=02:00:00" in argv
+    parsed = OverridesParser.create().parse_overrides([a.strip("'") for a in argv[3:-1] if "exclude" not in a])
+    assert {o.key_or_group: o.value() for o in parsed}["resources.time"] == "02:00:00"
+    (exclude,) = [a for a in argv if "exclude" in a]  # quoted for Hydra (a comma sweeps under -m) and the shell
+    assert exclude == "'resources.exclude=\"a100-1,cpu-2\"'"
+    (o,) = OverridesParser.create().parse_overrides([exclude.strip("'")])
+    assert o.value() == "a100-1,cpu-2" and not o.is_sweep_override()
+    node = fix_command(diagnose("NODE_FAIL", {}), spec(), [], "cpu-1", CLUSTER, "py")
+    assert node == "py -m slurmagent resources.exclude=cpu-1 -m"
+    missing = diagnose("FAILED", logs("missing_module.err"))
+    assert fix_command(missing, spec(), task, "cpu-1", CLUSTER, "/venv/bin/python") == (
+        "/venv/bin/python -m pip install transformers_that_is_missing"
+    )
+    for not_a_command in ("missing_path.err", "cuda_illegal.err"):  # a bad path; a retry unchanged
+        assert fix_command(diagnose("FAILED", logs(not_a_command)), spec(), task, "cpu-1", CLUSTER, "py") is None
+    at_cap = fix_command(diagnose("OUT_OF_MEMORY", {}), spec(mem="3000M"), task, "cpu-1", CLUSTER, "py")
+    assert at_cap is None  # no node has more memory: no command fixes it
+
+
 def test_gate_records_decision_and_outcome_with_hash_chain(tmp_path: Path) -> None:
     audit = AuditLog(tmp_path / "audit.jsonl")
     calls: list[Action] = []
