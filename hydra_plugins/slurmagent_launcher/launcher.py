@@ -29,6 +29,12 @@ class SlurmAgentLauncher(Launcher):
         self._impl = ArrayLauncher(**self.params)
         self._impl.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
+    @property
+    def array_launcher(self) -> Any:
+        """The implementation (slurmagent.launch.launcher.ArrayLauncher) after setup(): what the
+        search's sweeper drives (check, open_sweep, submit_and_supervise) — the launcher's API."""
+        return self._impl
+
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self._impl is not None, "Hydra calls setup() before launch()"
         return self._impl.launch(job_overrides, initial_job_idx)  # type: ignore[no-any-return]

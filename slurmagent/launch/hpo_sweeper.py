@@ -62,8 +62,9 @@ class HpoSweeper(Sweeper):
         )
 
     # -- checks -----------------------------------------------------------------------------
-    def _impl(self) -> ArrayLauncher:
-        impl = getattr(self.launcher, "_impl", None)
+    def _array_launcher(self) -> ArrayLauncher:
+        """The launcher's implementation, through the shim's public `array_launcher`."""
+        impl = getattr(self.launcher, "array_launcher", None)
         if not isinstance(impl, ArrayLauncher):
             raise ConfigError(
                 "hydra/sweeper=slurmagent_hpo runs its trials through slurmagent's launcher: use "
@@ -149,13 +150,13 @@ class HpoSweeper(Sweeper):
     # -- the sweep --------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None
-        impl = self._impl()
+        impl = self._array_launcher()
         conf = self._conf()
         space = self._space(arguments, conf)
         reps = self._representatives(space, conf)
         self._check_fidelity_key(reps[0], conf)
-        impl.one_spec = True
-        checked = impl.check(reps)  # every trial's job spec, against the cluster; errors: nothing submitted
+        # every trial's job spec, against the cluster, as one spec; errors: nothing submitted
+        checked = impl.check(reps, one_spec=True)
         if len({spec_key(s) for s in checked.specs}) > 1:
             raise ConfigError(
                 "the search space's config-group choices give trials different job specs (resources, checkpoint, "

@@ -156,8 +156,6 @@ class ArrayLauncher:
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self.slurm = SlurmCLI()
-        # a search runs every trial with one spec: its `auto` values are the most any trial is predicted to need
-        self.one_spec = False
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -189,7 +187,7 @@ class ArrayLauncher:
         return specs
 
     # -- step 1: check everything; step 2: the sweep on disk (HPO's sweeper uses both) ------
-    def check(self, job_overrides: Sequence[Sequence[str]]) -> Checked:
+    def check(self, job_overrides: Sequence[Sequence[str]], one_spec: bool = False) -> Checked:
         """Compose and validate every task's spec and check it against the cluster. Any error:
         a ConfigError, nothing submitted."""
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
@@ -232,7 +230,7 @@ class ArrayLauncher:
         if urgent:
             self._may_use_urgent(policy, sweep_dir)
         try:
-            specs, schedule = self._schedule(job_overrides, specs, info)
+            specs, schedule = self._schedule(job_overrides, specs, info, one_spec)
         except ConfigError as exc:
             raise type(exc)(
                 f"{exc}{'' if 'nothing was submitted' in str(exc) else '; nothing was submitted'}"
@@ -290,7 +288,11 @@ class ArrayLauncher:
         )
 
     def _schedule(
-        self, job_overrides: Sequence[Sequence[str]], specs: list[JobSpec], info: ClusterInfo | None
+        self,
+        job_overrides: Sequence[Sequence[str]],
+        specs: list[JobSpec],
+        info: ClusterInfo | None,
+        one_spec: bool = False,
     ) -> tuple[list[JobSpec], dict[str, Any]]:
         """Each task's spec with its auto values and priority resolved (schedule/plan.py), and
         the sweep's predicted use checked against its budget. Nothing to do: the specs as given."""
@@ -324,7 +326,7 @@ class ArrayLauncher:
                 )
             per_task.append(plans[key])
         distinct = list(plans.values())
-        if self.one_spec and per_task:
+        if one_spec and per_task:  # a search: every trial one spec, its `auto` values the most any trial needs
             distinct = [max(per_task, key=lambda p: p.run_s)]
             per_task = distinct * len(per_task)
         predicted = total(p.usage(site) for p in per_task)
