@@ -29,8 +29,8 @@ from omegaconf import DictConfig
 
 from slurmagent.config import checkpoint_conf, site_conf, spec_dict
 from slurmagent.runtime import StepLoop, current
-from slurmagent.runtime.adapt import MicroBatcher
 from slurmagent.runtime.faults import StepGuard
+from slurmagent.runtime.microbatch import MicroBatcher
 from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_hash
 
 log = logging.getLogger(__name__)

@@ -110,8 +110,8 @@ def plan(
             where = f" outside resources.exclude={res.exclude}" if excluded else ""
             return Stop(
                 f"{diagnosis.summary} Not retried: no GPU type with more memory than {what} on this cluster{where}; "
-                "use slurmagent.runtime.adapt.MicroBatcher (halves the micro-batch with gradient accumulation) or a "
-                "smaller model."
+                "use slurmagent.runtime.microbatch.MicroBatcher (halves the micro-batch with gradient "
+                "accumulation) or a smaller model."
             )
         new_type, new_part = bigger
         changes: dict[str, tuple[object, object]] = {"gpu_type": (res.gpu_type, new_type)}

@@ -39,8 +39,9 @@ from slurmagent.job.stop import LoopApprover
 from slurmagent.job.task import run_in_job
 from slurmagent.primitives.env import TaskFile
 from slurmagent.runtime import StepLoop, StopForRequeue, context_from_env
-from slurmagent.runtime.adapt import Controller, MicroBatcher, MicroBatchExhausted
+from slurmagent.runtime.adapt import Controller
 from slurmagent.runtime.context import JobContext, set_current
+from slurmagent.runtime.microbatch import MicroBatcher, MicroBatchExhausted
 from slurmagent.runtime.torch_state import ResumableBatches, TorchState, state_hash
 from slurmagent.safety.audit import verify
 from slurmagent.safety.switch import pause
