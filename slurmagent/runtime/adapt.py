@@ -10,7 +10,7 @@ inside a step is the MicroBatcher's: runtime/microbatch.py.)
         optimizer.step(); scheduler.step()
         loop.report(loss=loss.item())         # a report holding adapt.plateau.metric is an evaluation
 
-Two reactions, each configured in the `adapt` group (`AdaptConf`, config.py; off by default):
+Two reactions, each configured in the `adapt` group (`AdaptConf`, config/adapt.py; off by default):
 
 - **Gradient explosion.** Every observed step's gradient norm is compared with its running
   level, an EMA of the norms of normal steps (the first `warmup` norms only build it).

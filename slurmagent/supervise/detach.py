@@ -196,7 +196,7 @@ class _Wake(Exception):
     """Raised by the signal handler to cut a sleep short."""
 
 
-class StopSignals:
+class SupervisorSignals:  # the supervisor job's own (the job wrapper's are primitives/signals.StopSignals)
     """SIGTERM (preempted, cancelled) and SIGUSR1 (the time limit is near) end supervision
     between two polls; a sleep between polls is cut short."""
 
@@ -235,7 +235,7 @@ def run_supervisor(sweep_dir: Path, submit: Submitter) -> int:
         del os.environ[key]  # the jobs it submits are not steps of this one
     store = SweepStore(sweep_dir)
     conf = parse_conf(LauncherConf, store.load().launcher, "hydra.launcher")
-    stops = StopSignals()
+    stops = SupervisorSignals()
     role = f"supervisor job {job_id}" if job_id else "supervisor process"
     print(f"[supervisor] {role} for {sweep_dir} (run {restarts + 1}) on {socket.gethostname()}", flush=True)
     sup = Supervisor(

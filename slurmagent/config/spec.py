@@ -1,0 +1,245 @@
+"""Job specs: what one task asks for (resources, checkpoint, recovery, task, health), parsed and validated
+(`job_spec`), and the key that tells specs apart."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from slurmagent.config.parse import parse_conf
+from slurmagent.config.site import PRIORITIES
+from slurmagent.errors import ConfigError, choices
+from slurmagent.syntax import mem_to_mb, slurm_time_to_seconds
+
+ClusterChoice = Literal["auto", "slurm", "local"]  # where jobs run; auto = Slurm when its commands answer
+CLUSTER_CHOICES: tuple[str, ...] = typing.get_args(ClusterChoice)
+Backend = Literal["slurm", "local", "none"]  # where a job runs now ("none": plain python, no launcher)
+
+
+@dataclass(frozen=True)
+class ResourcesConf:
+    """What one task asks of the scheduler. Turned into sbatch flags by slurm/sbatch.py."""
+
+    partition: str | None = None  # Slurm partition; None = the cluster's default partition
+    nodes: int = 1  # nodes per task (more than 1 = a multi-node torch.distributed job)
+    tasks_per_node: int = 1  # processes per node (usually one per GPU)
+    cpus_per_task: int = 1  # CPU cores per process
+    # memory per node, Slurm size syntax (500M, 4G); None = partition default; auto = from history
+    mem: str | None = "1G"
+    gpus: int = 0  # GPUs per node
+    gpu_type: str | None = None  # GPU model (a100, t4…); None = any type; auto = placed by slurmagent (schedule/)
+    time: str = "00:30:00"  # wall-clock limit, Slurm syntax ([D-]HH:MM:SS or minutes); auto = from history
+    # the least time the job may be started with (--time-min): backfill may start it in a shorter
+    # hole, and it requeues at that limit and resumes; None = off (time=auto sets it for checkpointed jobs)
+    time_min: str | None = None
+    priority: str = "normal"  # urgent | normal | background: the site's partition/QoS for it (site.priorities)
+    qos: str | None = None  # quality of service
+    account: str | None = None  # account to charge
+    constraint: str | None = None  # node features required (Slurm --constraint expression)
+    exclude: str | None = None  # nodes never to run on (Slurm hostlist)
+    extra: dict[str, str] = field(default_factory=dict)  # further sbatch long options, validated
+
+
+@dataclass(frozen=True)
+class CheckpointConf:
+    """When and where the runtime writes checkpoints."""
+
+    dir: str | None = None  # checkpoint directory; None = <job output dir>/checkpoints
+    every_steps: int = 100  # save every N steps (0 = never by step count)
+    every_seconds: float = 0.0  # also save when this long has passed since the last save (0 = off)
+    keep_last: int = 3  # keep the newest K valid checkpoints, prune older ones
+
+
+@dataclass(frozen=True)
+class RecoveryConf:
+    """Bounds and signals for surviving preemption and faults."""
+
+    signal: str = "USR2"  # user signal Slurm sends before the end (USR1 is often NCCL's)
+    signal_delay_s: int = 60  # seconds before the time limit that the signal is sent
+    # submissions per task: the first and each resubmission by recovery (Slurm's own requeues on
+    # preemption or a failed node are not attempts; time-limit requeues: max_time_limit_requeues)
+    max_attempts: int = 5
+    # let Slurm requeue the job itself on preemption or a failed node (sbatch --requeue); false:
+    # --no-requeue, such a job ends and recovery resubmits it as a new job (it still resumes)
+    requeue: bool = True
+    max_time_limit_requeues: int = 3  # requeues at the time limit per Slurm job; then resubmit with more time
+    kill_wait_s: float | None = None  # seconds from SIGTERM to SIGKILL; None = Slurm's KillWait (asked on stop)
+
+
+@dataclass(frozen=True)
+class TaskConf:
+    """The training code to run: a Python callable, or a command line."""
+
+    target: str | None = None  # "package.module:function", called with the job's config
+    command: list[str] | None = None  # argv of a program run as a child process (no shell)
+
+
+@dataclass(frozen=True)
+class HealthConf:
+    """Health checks while the job runs: a skill run at step boundaries every `interval_s`;
+    on CRITICAL the job checkpoints and moves off the node."""
+
+    interval_s: float = 0.0  # seconds between checks; 0 = off
+    skill: str = "gpu_health_check"  # registered skill to run
+    inputs: dict[str, Any] = field(default_factory=dict)  # the skill's inputs (e.g. readings_file, gpus)
+    stop_on_critical: bool = True  # checkpoint, requeue and exclude this node on CRITICAL
+
+
+SIGNAL_CHOICES = ("USR1", "USR2", "TERM", "INT", "HUP")
+
+
+def validate_resources(res: ResourcesConf) -> None:
+    """Checks that need no cluster: ranges and syntax. Cluster fit is slurm/cluster.py."""
+    for key in ("nodes", "tasks_per_node", "cpus_per_task"):
+        if getattr(res, key) < 1:
+            raise ConfigError(f"resources.{key}={getattr(res, key)} must be at least 1")
+    if res.gpus < 0:
+        raise ConfigError(f"resources.gpus={res.gpus} must be 0 or more")
+    if res.gpu_type is not None and res.gpus == 0:
+        raise ConfigError(f"resources.gpu_type={res.gpu_type!r} is set but resources.gpus=0; ask for at least 1 GPU")
+    if res.mem is not None and res.mem != AUTO:
+        mem_to_mb(res.mem)
+    if res.time != AUTO and slurm_time_to_seconds(res.time) <= 0:
+        raise ConfigError(f"resources.time={res.time!r} must be longer than zero (or auto)")
+    if res.time_min is not None:
+        lo = slurm_time_to_seconds(res.time_min)
+        if lo <= 0 or (res.time != AUTO and lo > slurm_time_to_seconds(res.time)):
+            raise ConfigError(f"resources.time_min={res.time_min!r} must be above zero and at most resources.time")
+    if res.priority not in PRIORITIES:
+        raise ConfigError(f"resources.priority={res.priority!r} is not one of {choices(PRIORITIES)}")
+
+
+AUTO = "auto"  # resources.gpu_type / time / mem: decided by slurmagent (slurmagent/schedule/)
+
+
+def auto_keys(res: ResourcesConf) -> list[str]:
+    """The resources a spec leaves to slurmagent."""
+    return [k for k in ("gpu_type", "time", "mem") if getattr(res, k) == AUTO]
+
+
+def validate_task(task: TaskConf) -> None:
+    if (task.target is None) == (task.command is None):
+        raise ConfigError(
+            "set exactly one of task.target (a Python callable, 'module:function') "
+            "or task.command (a command line as a list)"
+        )
+    if task.target is not None and not re.fullmatch(r"[\w.]+:[\w.]+", task.target):
+        raise ConfigError(f"task.target={task.target!r} must look like 'package.module:function'")
+    if task.command is not None and not task.command:
+        raise ConfigError("task.command is empty; give the program and its arguments as a list")
+
+
+def validate_checkpoint(ck: CheckpointConf) -> None:
+    if ck.every_steps < 0 or ck.every_seconds < 0:
+        raise ConfigError("checkpoint.every_steps and checkpoint.every_seconds must be 0 (off) or positive")
+    if ck.keep_last < 1:
+        raise ConfigError(f"checkpoint.keep_last={ck.keep_last} must be at least 1")
+
+
+def validate_recovery(rc: RecoveryConf) -> None:
+    if rc.signal not in SIGNAL_CHOICES:
+        raise ConfigError(f"recovery.signal={rc.signal!r} is not one of {choices(SIGNAL_CHOICES)}")
+    if not 1 <= rc.signal_delay_s <= 65535:  # sbatch --signal's range
+        raise ConfigError(f"recovery.signal_delay_s={rc.signal_delay_s} must be between 1 and 65535 (sbatch --signal)")
+    if rc.max_attempts < 1:
+        raise ConfigError(f"recovery.max_attempts={rc.max_attempts} must be at least 1")
+    if rc.max_time_limit_requeues < 0:
+        raise ConfigError(f"recovery.max_time_limit_requeues={rc.max_time_limit_requeues} must be 0 or more")
+    if rc.kill_wait_s is not None and rc.kill_wait_s <= 0:
+        raise ConfigError(f"recovery.kill_wait_s={rc.kill_wait_s} must be positive (or null: ask Slurm)")
+
+
+def validate_health(hc: HealthConf) -> None:
+    if hc.interval_s < 0:
+        raise ConfigError(f"health.interval_s={hc.interval_s} must be 0 (off) or positive")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One task of a sweep, parsed and validated: what the launcher submits."""
+
+    cluster: ClusterChoice
+    resources: ResourcesConf
+    checkpoint: CheckpointConf
+    recovery: RecoveryConf
+    task: TaskConf
+    health: HealthConf = field(default_factory=HealthConf)
+
+
+# The config groups a job spec is made of, in one place: `spec_dict` takes them from a
+# composed config, the sweeper knows overrides under them can change a spec.
+SPEC_GROUPS = ("cluster", "resources", "checkpoint", "recovery", "task", "health")
+
+
+def spec_dict(cfg: Any, groups: tuple[str, ...] = SPEC_GROUPS) -> dict[str, Any]:
+    """The job-spec groups (or other `groups`) of a composed Hydra config, as plain data."""
+    from omegaconf import OmegaConf
+
+    return {
+        k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg.get(k)) else cfg.get(k)
+        for k in groups
+        if k in cfg
+    }
+
+
+def checkpoint_conf(cfg: Any) -> CheckpointConf:
+    """The `checkpoint` group of the composed config a training function receives, checked."""
+    return parse_conf(CheckpointConf, spec_dict(cfg, ("checkpoint",)).get("checkpoint"), "checkpoint")
+
+
+def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
+    """Parse the slurmagent parts of a composed job config (a plain dict) into a JobSpec.
+
+    `require_task=False` for users' own Hydra apps, whose task is their Hydra main."""
+    cluster = cfg.get("cluster", "auto")
+    if cluster not in CLUSTER_CHOICES:
+        raise ConfigError(f"cluster={cluster!r} is not one of {choices(CLUSTER_CHOICES)}")
+    spec = JobSpec(
+        cluster=cluster,
+        resources=parse_conf(ResourcesConf, cfg.get("resources"), "resources"),
+        checkpoint=parse_conf(CheckpointConf, cfg.get("checkpoint"), "checkpoint"),
+        recovery=parse_conf(RecoveryConf, cfg.get("recovery"), "recovery"),
+        task=parse_conf(TaskConf, cfg.get("task"), "task"),
+        health=parse_conf(HealthConf, cfg.get("health"), "health"),
+    )
+    validate_resources(spec.resources)
+    if require_task or spec.task != TaskConf():
+        validate_task(spec.task)
+    validate_checkpoint(spec.checkpoint)
+    validate_recovery(spec.recovery)
+    validate_health(spec.health)
+    return spec
+
+
+def spec_key(spec: JobSpec | ResourcesConf) -> str:
+    """A stable, hashable identity for grouping tasks that can share one job array."""
+    import json
+
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True)
+
+
+def resolve_target(target: str) -> Callable[..., Any]:
+    """`package.module:function` (task.target) → the callable; ConfigError naming what is missing."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"task.target={target!r}: cannot import module {module_name!r} ({exc}); the job imports it from its "
+            f"working directory ({os.getcwd()}) and PYTHONPATH: run from the directory that holds it, add that "
+            "directory to PYTHONPATH, or pip install your project"
+        ) from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"task.target={target!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"task.target={target!r} is not callable")
+    return obj  # type: ignore[no-any-return]
