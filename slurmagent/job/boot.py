@@ -37,36 +37,18 @@ def release_stop_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
 
 
-def staged_pickle(staging: Path, staged: str, index: int) -> Path:
-    """Where a submission's task `index` (its array index; 0 for a lone job) waits for its
-    job id: named by the submission (`--staged`), so the job can find it without the launcher."""
-    return staging / f".staged_{staged}_{index}.pkl"
-
-
-def place_pickle(staged: Path, submitted: Path) -> None:
-    """Move a staged pickle to the job's own name; the launcher and the job both try, and
-    whichever comes second finds it done."""
-    submitted.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        staged.rename(submitted)
-    except FileNotFoundError:
-        if not submitted.exists():
-            raise
-
-
 def claim_staged_pickle(folder: str, staged: str, env: dict[str, str]) -> Path | None:
     """In the job: put this task's staged pickle in place unless it is there (what the
     launcher does right after sbatch). Returns where it went, None when there was nothing to do."""
-    from submitit.core.utils import JobPaths
-
     from slurmagent.primitives.env import slurm_job_id
+    from slurmagent.primitives.submitit_layout import job_paths, place_pickle, staged_pickle, staging_folder
 
     job_id = slurm_job_id(env)
     if job_id is None:
         return None
-    paths = JobPaths(folder, job_id=job_id, task_id=0)
+    paths = job_paths(folder, job_id)
     index = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
-    source = staged_pickle(JobPaths.get_first_id_independent_folder(folder), staged, index)
+    source = staged_pickle(staging_folder(folder), staged, index)
     if paths.submitted_pickle.exists() or not source.exists():
         return None
     try:

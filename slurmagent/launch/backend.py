@@ -3,7 +3,6 @@ one source of truth for sbatch flags."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import shlex
 import uuid
@@ -12,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import DelayedSubmission, JobPaths
+from submitit.core.utils import DelayedSubmission
 from submitit.slurm.slurm import SlurmJob
 
 from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
-from slurmagent.job.boot import staged_pickle
 from slurmagent.job.runner import SweepRunner, TaskPayload
+from slurmagent.primitives.submitit_layout import job_paths, place_pickle, staged_pickle, staging_folder
 from slurmagent.slurm.sbatch import sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.state import SweepState, TaskRecord
@@ -122,7 +121,7 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
 
     def _submit_command(self, command: str) -> submitit.Job[Any]:
         uid = uuid.uuid4().hex
-        staging = JobPaths.get_first_id_independent_folder(self.folder)
+        staging = staging_folder(self.folder)
         staging.mkdir(parents=True, exist_ok=True)
         script = staging / f".submission_file_{uid}.sh"
         script.write_text(self._make_submission_file_text(command, uid))
@@ -154,7 +153,7 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
         job's own name after sbatch answers — or by the job itself (job/boot.py) if the
         launcher died in between, so a submission found again by `reconcile` still runs.
         Per task: one pickle written, one rename (the cost of an array is linear in its tasks)."""
-        staging = JobPaths.get_first_id_independent_folder(self.folder)
+        staging = staging_folder(self.folder)
         staging.mkdir(parents=True, exist_ok=True)
         uid = uuid.uuid4().hex
         pickles = [staged_pickle(staging, uid, index) for index in range(len(delayed))]
@@ -175,11 +174,11 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
         ids = [own] if len(delayed) == 1 else [f"{own}_{i}" for i in range(len(delayed))]
         folders: set[Path] = set()
         for job_id, path in zip(ids, pickles, strict=True):
-            submitted = JobPaths(self.folder, job_id=job_id).submitted_pickle
+            submitted = job_paths(self.folder, job_id).submitted_pickle
             if submitted.parent not in folders:  # one folder for all, unless the folder names the job
                 submitted.parent.mkdir(parents=True, exist_ok=True)
                 folders.add(submitted.parent)
-            _place(path, submitted)
+            place_pickle(path, submitted, make_folder=False)
         return ids
 
 
@@ -193,16 +192,6 @@ def _dump(delayed: DelayedSubmission, path: Path) -> None:
     data = pickle.dumps(delayed, protocol=pickle.HIGHEST_PROTOCOL)
     with open(path, "wb") as fh:
         fh.write(data)
-
-
-def _place(staged: Path, submitted: Path) -> None:
-    """job/boot.py's place_pickle, its folder made once per array: the launcher and the job
-    both try, and whichever comes second finds it done."""
-    try:
-        os.rename(staged, submitted)
-    except FileNotFoundError:
-        if not submitted.exists():
-            raise
 
 
 def make_executor(

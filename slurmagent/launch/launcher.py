@@ -53,6 +53,7 @@ from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
 from slurmagent.launch.index import record_sweep
 from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.primitives.env import check_checkpoint_dir
+from slurmagent.primitives.signals import InterruptAtSleep
 from slurmagent.records import Action
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.gate import Gate
@@ -458,17 +459,21 @@ class ArrayLauncher:
             self._print_follow(console, sweep_dir, f"detached: the sweep is supervised by {where}")
             return None
 
-        try:  # Ctrl-C from the moment the sweep is said to be submitted, the supervisor's set-up included
-            sup = Supervisor(
-                sweep_dir,
-                self.slurm,
-                conf.poll_interval_s,
-                conf.max_poll_interval_s,
-                console,
-                submit=submitter,
-                store=store,  # the state this launcher holds already: not read again
-            )
-            state = sup.wait(role="launcher")
+        # Ctrl-C from the moment the sweep is said to be submitted, the supervisor's set-up included;
+        # it takes effect between two polls (InterruptAtSleep), never in the middle of one
+        try:
+            with InterruptAtSleep() as ctrl_c:
+                sup = Supervisor(
+                    sweep_dir,
+                    self.slurm,
+                    conf.poll_interval_s,
+                    conf.max_poll_interval_s,
+                    console,
+                    submit=submitter,
+                    sleep=ctrl_c.sleep,
+                    store=store,  # the state this launcher holds already: not read again
+                )
+                state = sup.wait(role="launcher")
         except KeyboardInterrupt:
             self._interrupted(store, conf, console, specs[0].resources.account)
         console.print(sweep_table(state))

@@ -65,3 +65,52 @@ def install_handlers(flag: StopFlag, signals: list[int]) -> dict[int, Any]:
 def restore_handlers(previous: dict[int, Any]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+class InterruptAtSleep:
+    """Ctrl-C (SIGINT) that takes effect only where the process waits: raised as
+    KeyboardInterrupt from `sleep` (at once when it arrives during one, else at the next
+    one), never in the middle of other work — a KeyboardInterrupt raised inside a poll could
+    leave what it was reading half-done (OmegaConf nodes of the sweep's config: the cancel
+    that followed it once failed on one). A second Ctrl-C before that sleep acts at once.
+
+        with InterruptAtSleep() as ctrl_c:
+            Supervisor(…, sleep=ctrl_c.sleep).wait()   # KeyboardInterrupt only from ctrl_c.sleep
+
+    Outside the main thread (where no handler can be installed) it is a plain sleep."""
+
+    def __init__(self, sleep: Callable[[float], None] = time.sleep) -> None:
+        self._sleep = sleep
+        self.pending = False  # a Ctrl-C came, not yet raised
+        self._sleeping = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> InterruptAtSleep:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._installed = True
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
+
+    def _handler(self, _signum: int, _frame: FrameType | None) -> None:
+        if self._sleeping or self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def sleep(self, seconds: float) -> None:
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+        self._sleeping = True
+        try:
+            self._sleep(seconds)
+        finally:
+            self._sleeping = False

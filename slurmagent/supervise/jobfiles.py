@@ -1,6 +1,5 @@
-"""What a job leaves on disk, as submitit lays it out: the paths of its logs and result pickle,
-the result read back, the logs' tails. Read here only (supervision, status, doctor), so the
-layout has one reader."""
+"""What a job left on disk, read back for supervision, status and doctor: its result, its logs' tails
+(the paths from primitives/submitit_layout.py, submitit's layout's one reader)."""
 
 from __future__ import annotations
 
@@ -8,12 +7,13 @@ import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from submitit.core.utils import JobPaths
-
+from slurmagent.primitives import submitit_layout
 from slurmagent.primitives.env import TaskFile
 from slurmagent.supervise.state import SweepState
 
 if TYPE_CHECKING:
+    from submitit.core.utils import JobPaths
+
     from slurmagent.slurm.seam import SlurmCLI
 
 LOG_TAIL_BYTES = 200_000  # of a log, what is read to diagnose a failure
@@ -21,7 +21,7 @@ STDERR_TAIL = 15  # lines of a failed job's stderr kept in its error
 
 
 def job_paths(state: SweepState, job_id: str) -> JobPaths:
-    return JobPaths(state.submitit_folder, job_id=job_id, task_id=0)
+    return submitit_layout.job_paths(state.submitit_folder, job_id)
 
 
 def read_result(path: Path) -> tuple[str, Any] | None:

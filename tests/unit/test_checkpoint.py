@@ -146,3 +146,32 @@ def test_keep_last_deletes_old_checkpoints_through_the_gate_and_the_kill_switch_
     held = [r for r in AuditLog(sweep / "audit.jsonl").records() if r.get("decision") == "held"]
     assert held and all(r["action"] == "delete_checkpoint" for r in held)
     assert len(held) == len(entries) - 2  # asked once per file, not at every save
+
+
+def test_ctrl_c_while_attached_takes_effect_at_the_next_sleep_or_at_a_second_ctrl_c() -> None:
+    """primitives/signals.InterruptAtSleep: a SIGINT in the middle of work is held until the
+    next sleep (never raised inside the work); during a sleep, or a second one, it raises."""
+    import os
+    import time
+
+    from slurmagent.primitives.signals import InterruptAtSleep
+
+    with InterruptAtSleep() as ctrl_c:
+        os.kill(os.getpid(), signal.SIGINT)  # mid-poll: held
+        done = sum(range(1000))  # the work goes on to its end
+        assert done == 499500 and ctrl_c.pending
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c.sleep(5)  # the next sleep raises before sleeping
+        assert not ctrl_c.pending
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C before the sleep: at once
+            time.sleep(1)
+        import threading
+
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c.sleep(60)  # during a sleep: it is cut short
+        assert time.monotonic() - t0 < 30
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back

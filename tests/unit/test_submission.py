@@ -226,7 +226,7 @@ def test_jobs_whose_launcher_died_right_after_sbatch_put_their_own_pickles_in_pl
 
     from slurmagent.launch import backend
 
-    monkeypatch.setattr(backend, "_place", lambda staged, submitted: None)  # the launcher is gone here
+    monkeypatch.setattr(backend, "place_pickle", lambda *_a, **_k: None)  # the launcher is gone here
     executor = backend.SeamSlurmExecutor(tmp_path / "jobs", SlurmCLI(runner=fake), max_num_timeout=1)
     executor.update_parameters(partition="low", time=5)
     jobs = executor.map_array(abs, [-2 * i for i in range(tasks)])  # what the job can unpickle
@@ -243,7 +243,8 @@ def test_jobs_whose_launcher_died_right_after_sbatch_put_their_own_pickles_in_pl
 
 
 def test_a_pickle_the_job_placed_first_is_left_as_it_is(tmp_path: Path) -> None:
-    from slurmagent.job.boot import claim_staged_pickle, place_pickle, staged_pickle
+    from slurmagent.job.boot import claim_staged_pickle
+    from slurmagent.primitives.submitit_layout import place_pickle, staged_pickle
 
     staged = staged_pickle(tmp_path, "abc", 2)
     staged.write_bytes(b"payload")
