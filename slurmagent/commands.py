@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["config_flags", "python_for_paste", "rerun_prefix", "slurmagent_argv", "slurmagent_command"]
+__all__ = ["config_flags", "module_argv", "python_for_paste", "rerun_prefix", "slurmagent_argv", "slurmagent_command"]
 
 # Hydra's flags that choose the configs; a command that runs the same job again needs them
 _CONFIG_FLAGS = {"--config-dir": "--config-dir", "-cd": "--config-dir", "--config-name": "--config-name",
@@ -44,7 +44,12 @@ def slurmagent_argv() -> list[str]:
     script = shutil.which("slurmagent")
     if script is not None and Path(script).absolute().parent == Path(sys.executable).absolute().parent:
         return ["slurmagent"]
-    return [python_for_paste(), "-m", "slurmagent"]
+    return module_argv(python_for_paste())
+
+
+def module_argv(python: str) -> list[str]:
+    """`PYTHON -m slurmagent`: slurmagent run by a given interpreter (a job's, a fix's)."""
+    return [python, "-m", "slurmagent"]
 
 
 def slurmagent_command(*args: str | os.PathLike[str]) -> str:

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slurmagent.commands import module_argv
 from slurmagent.config import JobSpec, ResourcesConf, SiteConf, default_site
 from slurmagent.recovery.diagnose import Diagnosis
 from slurmagent.slurm.cluster import ClusterInfo
@@ -253,7 +254,7 @@ def fix_command(
     changed = {k: getattr(res, k) for k in _RESOURCE_KEYS if getattr(res, k) != getattr(ResourcesConf(), k)}
     extra = {k.split(".", 1)[1]: new for k, (_old, new) in step.changes.items() if k.startswith("extra.")}
     set_keys = {f"resources.{k}" for k in changed} | {f"resources.extra.{k}" for k in extra}
-    argv = [python, "-m", "slurmagent", *(o for o in overrides if _key(o) not in set_keys)]
+    argv = [*module_argv(python), *(o for o in overrides if _key(o) not in set_keys)]
     argv += [f"resources.{k}={_value(v)}" for k, v in changed.items()]
     argv += [
         f"++resources.extra.{k}={_value(v)}" if v is not None else f"~resources.extra.{k}" for k, v in extra.items()

@@ -87,11 +87,10 @@ def supervisor_script(state: SweepState, conf: LauncherConf, account: str | None
         raise ConfigError(f"the sweep directory {state.sweep_dir!r} cannot stand in an #SBATCH line")
     # its signal goes to the batch shell: the supervisor is the script's own process
     own = RecoveryConf(signal="USR1", signal_delay_s=TIME_LIMIT_WARNING_S, requeue=True)
-    to_shell = True
     flags = {
         "job-name": safe_job_name(f"{state.job_name or 'sweep'}-supervisor"),
         "output": log_path,
-        **stop_flags(own, batch_shell=to_shell),
+        **stop_flags(own, batch_shell=True),
         **sbatch_flags(supervisor_resources(conf, account)),
     }
     lines = ["#!/bin/bash", "# the supervisor of a detached slurmagent sweep (slurmagent/supervise/detach.py)"]
