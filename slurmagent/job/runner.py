@@ -7,6 +7,7 @@ context (Hydra context, base config, plugin registrations) is pickled once per s
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import cloudpickle
 
 from slurmagent.files import atomic_write
 from slurmagent.primitives.env import JobEnv, slurm_job_id
+from slurmagent.primitives.wake import wake
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ class SweepRunner:
         from slurmagent.runtime.loop import StopForRequeue
 
         job_id = _job_id()
+        # as the process exits (submitit has written the result by then): the supervisor looks at once
+        atexit.register(wake, self.sweep_dir, f"task {payload.index} job {job_id}")
         saved = self._requeue_file(payload, job_id)
         if saved.exists():
             sweep_config, task_function, hydra_context = self._resume(saved)

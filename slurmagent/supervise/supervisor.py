@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from slurmagent.errors import SlurmAgentError
+from slurmagent.primitives.wake import WakeWatch
 from slurmagent.recovery.diagnose import TRACEBACK_HEAD, clean_traceback, outside_tracebacks, python_error
 from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
@@ -77,7 +78,7 @@ class Supervisor:
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
         self.console = console or terminal(stderr=True)
-        self._sleep = sleep
+        self._wake = WakeWatch(self.store.dir, sleep)  # a job's end cuts a sleep short
         self._no_result_seen: dict[str, int] = {}
         self.queries = 0
         self.results: dict[int, Any] = {}  # index → raw return (JobReturn) read from pickles
@@ -257,7 +258,9 @@ class Supervisor:
                     if stop is not None and stop():
                         break
                     interval = self.poll_interval_s if changed else min(interval * 1.5, self.max_poll_interval_s)
-                    self._sleep(interval)
+                    # a job that ended cuts the back-off short (never below the base interval)
+                    if self._wake.sleep(interval, at_least=self.poll_interval_s):
+                        interval = self.poll_interval_s
         finally:
             lead.release()
         self._collect_results(state)
