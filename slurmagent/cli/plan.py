@@ -23,12 +23,12 @@ from typing import Any
 from rich.table import Table
 
 from slurmagent.cli.args import CONFIG_DIR_HELP
-from slurmagent.config import AUTO, budget_conf, job_spec, site_conf, spec_dict, spec_key
+from slurmagent.config import budget_conf, job_spec, site_conf, spec_dict
 from slurmagent.errors import ConfigError
 from slurmagent.render import experiment_name
 from slurmagent.schedule.budget import BASIS, Usage, over, total
-from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
-from slurmagent.schedule.plan import Plan, plan_spec
+from slurmagent.schedule.history import HistoryStore, default_history_path
+from slurmagent.schedule.plan import Plan, PlannedJob, SweepPlanner
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags
 from slurmagent.slurm.seam import SlurmCLI
@@ -138,15 +138,6 @@ def _compose(args: PlanArgs, overrides: list[str]) -> Any:
     return compose(config_name=args.config_name or "config", overrides=overrides, return_hydra_config=True)
 
 
-@dataclass
-class Planned:
-    """One distinct job of the sweep, planned, and the tasks that share it."""
-
-    plan: Plan
-    overrides: list[str]  # its first task's overrides
-    tasks: list[int] = field(default_factory=list)
-
-
 def _jobs(args: PlanArgs, hydra_over: list[str], task_over: list[str]) -> tuple[list[list[str]], str]:
     """Each task's overrides, as the launcher gets them (Hydra's basic sweeper expands a
     sweep's values, its `params` first); a search (its own sweeper) is planned once."""
@@ -170,7 +161,7 @@ def _jobs(args: PlanArgs, hydra_over: list[str], task_over: list[str]) -> tuple[
     return [list(job) for batch in batches for job in batch], ""
 
 
-def plan_sweep(args: PlanArgs) -> tuple[list[Planned], dict[str, Any]]:
+def plan_sweep(args: PlanArgs) -> tuple[list[PlannedJob], dict[str, Any]]:
     """Every distinct job of the launch `args` describes, planned as the launcher would."""
     from slurmagent.launch.sweeper import spec_relevant
     from slurmagent.skills.config_validator import memory_need_gib
@@ -181,44 +172,31 @@ def plan_sweep(args: PlanArgs) -> tuple[list[Planned], dict[str, Any]]:
     with _hydra(args):
         jobs, note = _jobs(args, hydra_over, task_over)
         composed: dict[tuple[str, ...], Any] = {}
-        planned: dict[tuple[str, str], Planned] = {}
+        planner: SweepPlanner | None = None
         context: dict[str, Any] = {"note": note, "tasks": len(jobs)}
         for index, overrides in enumerate(jobs):
             key = tuple(o for o in overrides if spec_relevant(o))
             if key not in composed:
                 composed[key] = _compose(args, [*hydra_over, *overrides])
             cfg = composed[key]
-            if "site" not in context:
+            if planner is None:
                 site = site_conf(spec_dict(cfg, ("site",)).get("site"))
                 on_slurm = job_spec(spec_dict(cfg)).cluster != "local" and slurm.available()
-                context.update(
-                    site=site,
-                    budget=budget_conf(spec_dict(cfg, ("budget",)).get("budget")),
-                    on_slurm=on_slurm,
-                    cluster=ClusterInfo.query(slurm) if on_slurm else None,
-                    history=HistoryStore(default_history_path(site.scheduling.history)),
-                )
-            site = context["site"]
+                cluster = ClusterInfo.query(slurm) if on_slurm else None
+                history = HistoryStore(default_history_path(site.scheduling.history))
+                planner = SweepPlanner(site, history, cluster, slurm if on_slurm else None)
+                budget = budget_conf(spec_dict(cfg, ("budget",)).get("budget"))
+                context.update(site=site, budget=budget, on_slurm=on_slurm, cluster=cluster, history=history)
             spec = job_spec(spec_dict(cfg))
             experiment = cfg.hydra.runtime.choices.get("experiment") or experiment_name(overrides)
-            fp = fingerprint(safe_job_name(str(experiment)), overrides, site.scheduling.ignore_in_fingerprint)
-            which = (spec_key(spec), fp)
-            if which not in planned:
-                full = cfg if list(key) == overrides else _compose(args, [*hydra_over, *overrides])
-                plan = plan_spec(
-                    spec,
-                    fp,
-                    site=site,
-                    history=context["history"],
-                    cluster=context["cluster"],
-                    slurm=slurm if context["on_slurm"] else None,
-                    need_gib=memory_need_gib(full) if spec.resources.gpu_type == AUTO else None,
-                )
-                if context["cluster"] is not None:
-                    check_fits(plan.resources, context["cluster"])
-                planned[which] = Planned(plan, overrides)
-            planned[which].tasks.append(index)
-    return list(planned.values()), context
+
+            def need(cfg: Any = cfg, overrides: list[str] = overrides, key: tuple[str, ...] = key) -> float | None:
+                return memory_need_gib(cfg if list(key) == overrides else _compose(args, [*hydra_over, *overrides]))
+
+            plan, new = planner.add(index, overrides, spec, safe_job_name(str(experiment)), need)
+            if new and planner.cluster is not None:
+                check_fits(plan.resources, planner.cluster)
+    return list(planner.jobs.values()) if planner is not None else [], context
 
 
 def plan_args(pl: argparse.ArgumentParser) -> None:
@@ -321,7 +299,7 @@ def _show(console: Any, plan: Plan, site: Any, overrides: list[str], title: str)
 
 def _json(
     args: PlanArgs,
-    plans: list[Planned],
+    plans: list[PlannedJob],
     site: Any,
     predicted: Usage,
     over_budget: str,

@@ -35,7 +35,7 @@ from slurmagent.runtime.health import STOP_RECORD
 from slurmagent.runtime.loop import StopForRequeue
 from slurmagent.safety.audit import AuditLog
 from slurmagent.safety.executors import standalone_executors
-from slurmagent.safety.gate import Gate
+from slurmagent.safety.gate import Gate, Outcome
 from slurmagent.safety.paths import SWEEP_AUDIT
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.syntax import parse_time_limit
@@ -97,10 +97,28 @@ def count_time_limit_requeue(ctx: JobContext) -> int:
     return count
 
 
+def sweep_gate(sweep: Path, slurm: SlurmCLI, job: str = "") -> Gate:
+    """The gate as a job of a sweep uses it (a task's job, the sweep's supervisor job): the
+    sweep's policy, kill switch and audit log."""
+    return Gate(AuditLog(sweep / SWEEP_AUDIT), standalone_executors(sweep, slurm), job=job)
+
+
 def job_gate(ctx: JobContext, slurm: SlurmCLI) -> Gate:
-    """The gate as a running job uses it: the sweep's policy, kill switch and audit log."""
-    sweep = ctx.sweep_dir or ctx.output_dir
-    return Gate(AuditLog(sweep / SWEEP_AUDIT), standalone_executors(sweep, slurm), job=ctx.slurm_requeue_id or "")
+    """The gate as a running task's job uses it."""
+    return sweep_gate(ctx.sweep_dir or ctx.output_dir, slurm, ctx.slurm_requeue_id or "")
+
+
+def requeue_supervisor_job(sweep_dir: Path, job_id: str, restarts: int, slurm: SlurmCLI) -> Outcome:
+    """The sweep's supervisor job at its time-limit warning requeues itself, through the gate
+    (as a task's job does in `handle_stop`): its next run goes on from sweep.json."""
+    return sweep_gate(sweep_dir, slurm, job_id).request(
+        Action(
+            "requeue",
+            job_id,
+            "the sweep's supervisor job reaches its time limit: requeued, its next run goes on from sweep.json",
+            context={"attempt": restarts + 1, "source": "supervisor"},
+        )
+    )
 
 
 def job_action(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -31,7 +32,6 @@ from rich.console import Console
 
 from slurmagent.commands import slurmagent_command
 from slurmagent.config import (
-    AUTO,
     JobSpec,
     LauncherConf,
     SiteConf,
@@ -299,8 +299,8 @@ class ArrayLauncher:
         the sweep's predicted use checked against its budget. Nothing to do: the specs as given."""
         assert self.config is not None
         from slurmagent.schedule.budget import check_prediction, total
-        from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
-        from slurmagent.schedule.plan import Plan, plan_spec
+        from slurmagent.schedule.history import HistoryStore, default_history_path
+        from slurmagent.schedule.plan import SweepPlanner
 
         site = self._site()
         budget = budget_conf(spec_dict(self.config, ("budget",)).get("budget"))
@@ -310,23 +310,12 @@ class ArrayLauncher:
             return specs, {}
         history = HistoryStore(default_history_path(site.scheduling.history))
         experiment = self._job_name()
-        plans: dict[tuple[str, str], Plan] = {}  # one per distinct (spec, work)
-        per_task: list[Plan] = []
-        for overrides, spec in zip(job_overrides, specs, strict=True):
-            fp = fingerprint(experiment, overrides, site.scheduling.ignore_in_fingerprint)
-            key = (spec_key(spec), fp)
-            if key not in plans:
-                plans[key] = plan_spec(
-                    spec,
-                    fp,
-                    site=site,
-                    history=history,
-                    cluster=info,
-                    slurm=self.slurm if info is not None else None,
-                    need_gib=self._need_gib(overrides) if spec.resources.gpu_type == AUTO else None,
-                )
-            per_task.append(plans[key])
-        distinct = list(plans.values())
+        planner = SweepPlanner(site, history, info, self.slurm if info is not None else None)
+        per_task = [
+            planner.add(index, overrides, spec, experiment, functools.partial(self._need_gib, overrides))[0]
+            for index, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=True))
+        ]
+        distinct = [job.plan for job in planner.jobs.values()]
         if one_spec and per_task:  # a search: every trial one spec, its `auto` values the most any trial needs
             distinct = [max(per_task, key=lambda p: p.run_s)]
             per_task = distinct * len(per_task)

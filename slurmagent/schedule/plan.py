@@ -9,14 +9,14 @@ import dataclasses
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmagent.config import AUTO, JobSpec, ResourcesConf, SiteConf, auto_keys
+from slurmagent.config import AUTO, JobSpec, ResourcesConf, SiteConf, auto_keys, spec_key
 from slurmagent.errors import ConfigError
 from slurmagent.schedule.budget import Usage, usage_of
-from slurmagent.schedule.history import HistoryStore
+from slurmagent.schedule.history import HistoryStore, fingerprint
 from slurmagent.schedule.place import (
     ANY,
     Candidate,
@@ -162,6 +162,58 @@ def plan_spec(
     run_s = min(chosen.predicted_s, limit) if pred.reference_s is not None else limit
     counted = chosen.priced_as or resolved.gpu_type
     return Plan(resolved, fp, pred, cands, chosen, decisions, run_s=run_s, counted_type=counted)
+
+
+@dataclass
+class PlannedJob:
+    """One distinct job of a sweep (spec × work), planned, and the tasks that share it."""
+
+    plan: Plan
+    overrides: list[str]  # its first task's overrides
+    tasks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SweepPlanner:
+    """A sweep's tasks planned as the launcher submits them and `slurmagent plan` shows them:
+    one `plan_spec` per distinct (spec, work) — the work is the task's fingerprint
+    (history.fingerprint: the experiment and its overrides, less `ignore_in_fingerprint`) —
+    shared by every task with the same pair. The one place both gather a plan's inputs."""
+
+    site: SiteConf
+    history: HistoryStore | None
+    cluster: ClusterInfo | None
+    slurm: SlurmCLI | None  # None: the local backend
+    jobs: dict[tuple[str, str], PlannedJob] = field(default_factory=dict)
+
+    def add(
+        self,
+        index: int,
+        overrides: Sequence[str],
+        spec: JobSpec,
+        experiment: str,
+        need_gib: Callable[[], float | None],
+    ) -> tuple[Plan, bool]:
+        """Task `index`'s plan, and whether it is new (the first task of its job). `need_gib`:
+        the config validator's estimate of its GPU memory, asked only for a new job whose
+        GPU type is `auto`."""
+        fp = fingerprint(experiment, overrides, self.site.scheduling.ignore_in_fingerprint)
+        key = (spec_key(spec), fp)
+        job = self.jobs.get(key)
+        new = job is None
+        if job is None:
+            plan = plan_spec(
+                spec,
+                fp,
+                site=self.site,
+                history=self.history,
+                cluster=self.cluster,
+                slurm=self.slurm,
+                need_gib=need_gib() if spec.resources.gpu_type == AUTO else None,
+            )
+            job = self.jobs[key] = PlannedJob(plan, list(overrides))
+        job.tasks.append(index)
+        return job.plan, new
 
 
 def _run_s(res: ResourcesConf, pred: Prediction, site: SiteConf) -> float:

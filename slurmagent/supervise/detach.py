@@ -39,11 +39,7 @@ from slurmagent.commands import slurmagent_command
 from slurmagent.config import LauncherConf, RecoveryConf, ResourcesConf, parse_conf
 from slurmagent.errors import ConfigError, SlurmAgentError
 from slurmagent.files import atomic_write
-from slurmagent.records import Action
-from slurmagent.safety.audit import AuditLog
-from slurmagent.safety.executors import standalone_executors
-from slurmagent.safety.gate import Gate
-from slurmagent.safety.paths import SWEEP_AUDIT
+from slurmagent.job.stop import requeue_supervisor_job
 from slurmagent.slurm.sbatch import safe_directive_value, safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
 from slurmagent.supervise.procs import cmdline
@@ -256,15 +252,7 @@ def run_supervisor(sweep_dir: Path, submit: Submitter) -> int:
 
 
 def _requeue_self(sweep_dir: Path, job_id: str, restarts: int, slurm: SlurmCLI) -> None:
-    executors = {"requeue": standalone_executors(sweep_dir, slurm)["requeue"]}
-    out = Gate(AuditLog(sweep_dir / SWEEP_AUDIT), executors, job=job_id).request(
-        Action(
-            "requeue",
-            job_id,
-            "the sweep's supervisor job reaches its time limit: requeued, its next run goes on from sweep.json",
-            context={"attempt": restarts + 1, "source": "supervisor"},
-        )
-    )
+    out = requeue_supervisor_job(sweep_dir, job_id, restarts, slurm)  # job/stop.py decides, through the gate
     what = "requeued" if out.executed else f"not requeued ({out.decision.verdict}: {out.decision.rule})"
     print(f"[supervisor] time limit near: {what}", flush=True)
     if not out.executed:

@@ -6,6 +6,7 @@ never both act. tests/slurm/test_detach_slurm.py proves the same on the real clu
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -69,6 +70,34 @@ def test_a_detached_sweep_is_recovered_and_finished_by_its_supervisor_job(fake: 
     while supervisor_jobs(fake)[sup_id]["state"] != "COMPLETED" and time.monotonic() < deadline:
         time.sleep(0.2)
     assert supervisor_jobs(fake)[sup_id]["state"] == "COMPLETED"  # it ends with the sweep
+
+
+def test_the_supervisor_job_requeues_itself_at_its_time_limit_through_the_gate(fake: FakeSlurm, tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = slurmagent(fake, tmp_path, *SYNTHETIC, "-m", *LONG, "--detach", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr
+    first_job_id(sweep)
+    (sup_id,) = supervisor_jobs(fake)
+    deadline = time.monotonic() + 60
+    lead: dict[str, Any] = {}
+    while time.monotonic() < deadline and lead.get("role") != f"supervisor job {sup_id}":
+        path = sweep / ".slurmagent" / "lead.json"
+        lead = json.loads(path.read_text()) if path.exists() else {}
+        time.sleep(0.1)
+    # the supervisor job's --signal=B:USR1@60 (its batch script execs the supervisor): the time limit is near
+    os.kill(int(lead["pid"]), signal.SIGUSR1)
+    state = wait_done(sweep)
+    assert [t["state"] for t in state["tasks"]] == ["COMPLETED"]
+    records = [json.loads(x) for x in (sweep / "audit.jsonl").read_text().splitlines()]
+    (requeue,) = [r for r in records if r["action"] == "requeue" and r["type"] == "outcome"]
+    assert requeue["target"] == sup_id and requeue["context"]["source"] == "supervisor", requeue
+    deadline = time.monotonic() + 30
+    while supervisor_jobs(fake)[sup_id]["state"] != "COMPLETED" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job = supervisor_jobs(fake)[sup_id]
+    assert job["state"] == "COMPLETED" and job["restarts"] == 1  # its second run saw the sweep to its end
+    log = (sweep / ".slurmagent" / f"supervisor-{sup_id}.log").read_text()
+    assert "time limit near: requeued" in log and "(run 2)" in log, log
 
 
 def interrupted(fake: FakeSlurm, tmp_path: Path, *extra: str) -> tuple[Path, int, str]:
