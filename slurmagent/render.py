@@ -26,7 +26,7 @@ from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
 from slurmagent.primitives.env import JobEnv
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
-from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags, stop_flags
+from slurmagent.slurm.sbatch import env_lines, safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 
 _DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:@%+=,\-\[\]&|!*() ]+$")
@@ -140,7 +140,8 @@ def render(
             output=output_line,
             run_dir=str(run_dir),
             env=_job_env(mode, spec, ckpt),
-            python=python or sys.executable,
+            setup=env_lines(spec.env),
+            python=python or spec.env.python or sys.executable,
             command=spec.task.command or [],
         )
     )

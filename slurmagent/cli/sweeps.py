@@ -4,6 +4,7 @@ end), cancel, supervise (what a detached sweep's supervisor runs)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -59,6 +60,7 @@ def status_args(s: argparse.ArgumentParser) -> None:
 def status(args: argparse.Namespace) -> int:
     """Reads sweep.json; with --refresh it first polls Slurm once (one sacct call)."""
 
+    from slurmagent.primitives.code import read_snapshot
     from slurmagent.supervise.state import SweepStore, task_json
     from slurmagent.supervise.views import Summary, health_note, runs, started, sweep_table, terminal
 
@@ -81,7 +83,9 @@ def status(args: argparse.Namespace) -> int:
     state = scan.state
     if args.json:  # streamed: one task per line, never the whole sweep as one string
         out = sys.stdout
+        snapshot = read_snapshot(state.sweep_dir)
         head = {"sweep_dir": state.sweep_dir, "backend": state.backend, "counts": scan.counts(), "done": scan.done}
+        head["code"] = dataclasses.asdict(snapshot) if snapshot is not None else None
         out.write("{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in head.items()) + ' "tasks": [')
         ran = started(state.sweep_dir)
         for n, t in enumerate(scan.tasks()):
@@ -103,7 +107,11 @@ def status(args: argparse.Namespace) -> int:
         state.tasks = scan.page(args.rows)
         common = frozenset(scan.common_overrides()).intersection(*(t.overrides for t in state.tasks))
         summary = Summary(scan.counts(), scan.total, common, scan.indices)
-        terminal().print(sweep_table(state, max_rows=args.rows, summary=summary))
+        console = terminal()
+        console.print(sweep_table(state, max_rows=args.rows, summary=summary))
+        snapshot = read_snapshot(state.sweep_dir)
+        if snapshot is not None:
+            console.print(snapshot.describe(), markup=False, highlight=False)
     return EXIT_OK
 
 

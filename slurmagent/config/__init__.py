@@ -5,7 +5,8 @@ group is parsed into its dataclass by `parse_conf`, which refuses unknown keys (
 valid ones), wrong types and out-of-range values with a message naming the key.
 
 One module per kind of setting; import from here (`from slurmagent.config import JobSpec`):
-  spec.py          what one task asks for: resources, checkpoint, recovery, task, health; JobSpec
+  spec.py          what one task asks for: resources, checkpoint, recovery, task, health, env; JobSpec
+  code.py          whether a sweep runs a snapshot of the project's files
   site.py          the site's facts (GPU catalogue, priorities, scheduling knobs) and the budget
   launcher.py      the Hydra launcher's and sweepers' own options
   hpo.py           the adaptive search's settings
@@ -15,6 +16,7 @@ One module per kind of setting; import from here (`from slurmagent.config import
 """
 
 from slurmagent.config.adapt import ADAPT_MODES, AdaptConf, ExplosionConf, PlateauConf, adapt_conf
+from slurmagent.config.code import SNAPSHOT_CHOICES, CodeConf, code_conf
 from slurmagent.config.hpo import HPO_DIRECTIONS, HPO_STOP_AT, HPO_TRIAL, HpoBudget, HpoConf, HpoFidelity, hpo_conf
 from slurmagent.config.launcher import (
     ON_REFUSAL_CHOICES,
@@ -45,6 +47,7 @@ from slurmagent.config.spec import (
     Backend,
     CheckpointConf,
     ClusterChoice,
+    EnvConf,
     HealthConf,
     JobSpec,
     RecoveryConf,
@@ -73,6 +76,7 @@ __all__ = [
     "ON_REFUSAL_CHOICES",
     "PRIORITIES",
     "SIGNAL_CHOICES",
+    "SNAPSHOT_CHOICES",
     "SPEC_GROUPS",
     "SPEC_NODE",
     "SUPERVISOR_CHOICES",
@@ -81,6 +85,8 @@ __all__ = [
     "BudgetConf",
     "CheckpointConf",
     "ClusterChoice",
+    "CodeConf",
+    "EnvConf",
     "ExplosionConf",
     "GpuConf",
     "HealthConf",
@@ -102,6 +108,7 @@ __all__ = [
     "auto_keys",
     "budget_conf",
     "checkpoint_conf",
+    "code_conf",
     "config_error",
     "default_site",
     "hpo_conf",

@@ -8,11 +8,12 @@ import re
 from typing import Any
 
 from slurmagent.config.adapt import AdaptConf
+from slurmagent.config.code import CodeConf
 from slurmagent.config.hpo import HpoConf
 from slurmagent.config.launcher import HpoSweeperConf, LauncherConf, SweeperConf
 from slurmagent.config.parse import unknown_key
 from slurmagent.config.site import BudgetConf, SiteConf
-from slurmagent.config.spec import CheckpointConf, HealthConf, RecoveryConf, ResourcesConf, TaskConf
+from slurmagent.config.spec import CheckpointConf, EnvConf, HealthConf, RecoveryConf, ResourcesConf, TaskConf
 from slurmagent.errors import ConfigError, choices
 
 # -- Hydra structured configs: the dataclasses above are the one source of every default --
@@ -48,8 +49,15 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     groups = {"resources": ResourcesConf, "checkpoint": CheckpointConf, "recovery": RecoveryConf}
     spec: dict[str, Any] = {"cluster": "auto", **{k: _typed(v) for k, v in groups.items()}}
-    spec.update(task=_typed(TaskConf), health=_typed(HealthConf), site=_typed(SiteConf), hpo=_typed(HpoConf))
+    spec.update(
+        task=_typed(TaskConf),
+        health=_typed(HealthConf),
+        env=_typed(EnvConf),
+        site=_typed(SiteConf),
+        hpo=_typed(HpoConf),
+    )
     spec["budget"] = _typed(BudgetConf)  # the sweep's spending limits (schedule/budget.py)
+    spec["code"] = _typed(CodeConf)  # the sweep's code snapshot (launch/snapshot.py): per sweep, not a job-spec group
     spec["adapt"] = _typed(AdaptConf)  # the in-loop controller (runtime/adapt.py): typed, not a job-spec group
     group, name = SPEC_NODE.split("/")
     store.store(group=group, name=name, node=spec, package="_global_", provider="slurmagent")

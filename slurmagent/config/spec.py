@@ -90,7 +90,22 @@ class HealthConf:
     stop_on_critical: bool = True  # checkpoint, requeue and exclude this node on CRITICAL
 
 
+@dataclass(frozen=True)
+class EnvConf:
+    """Where a job's Python runs on a site: the shell lines its batch script runs first
+    (module loads, conda or venv activation — the one place a shell line is allowed, written
+    into the batch script, never run through a Python shell), the interpreter the job starts,
+    and variables exported before either. slurm/sbatch.py (`env_lines`) writes them."""
+
+    setup: list[str] = field(default_factory=list)  # e.g. ["module load cuda/12.4", "source /sw/venv/bin/activate"]
+    python: str | None = None  # the jobs' interpreter: an absolute path, or a name found on PATH after setup
+    vars: dict[str, str] = field(default_factory=dict)  # exported before the setup lines (they may use them)
+
+
 SIGNAL_CHOICES = ("USR1", "USR2", "TERM", "INT", "HUP")
+# names a job's environment gets from Slurm or slurmagent itself: env.vars may not set them
+RESERVED_VAR_PREFIXES = ("SLURM_", "SLURMAGENT_", "SUBMITIT_")
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def validate_resources(res: ResourcesConf) -> None:
@@ -134,6 +149,39 @@ def validate_task(task: TaskConf) -> None:
         raise ConfigError("task.command is empty; give the program and its arguments as a list")
 
 
+def validate_env(env: EnvConf) -> None:
+    """Each setup line one line of shell, each variable a name the shell can export, the
+    interpreter a path that exists here or a bare name (found on PATH after the setup lines)."""
+    for n, line in enumerate(env.setup):
+        if not isinstance(line, str) or not line.strip():
+            raise ConfigError(f"env.setup[{n}]={line!r}: each setup line is a non-empty line of shell")
+        if "\x00" in line:
+            raise ConfigError(f"env.setup[{n}] contains a NUL byte, which no batch script can carry")
+        if "\n" in line or "\r" in line:
+            raise ConfigError(f"env.setup[{n}] holds more than one line: give each line as its own item of the list")
+    for name, value in env.vars.items():
+        if not _VAR_NAME.fullmatch(str(name)):
+            raise ConfigError(f"env.vars.{name}: not a variable name the shell can export (letters, digits, _)")
+        if str(name).startswith(RESERVED_VAR_PREFIXES):
+            raise ConfigError(
+                f"env.vars.{name}: names starting with {', '.join(RESERVED_VAR_PREFIXES)} are set by Slurm and "
+                "slurmagent for each job; choose another name"
+            )
+        if "\x00" in str(value):
+            raise ConfigError(f"env.vars.{name} contains a NUL byte, which no batch script can carry")
+    py = env.python
+    if py is not None:
+        if not py.strip() or any(c in py for c in "\x00\n\r"):
+            raise ConfigError(f"env.python={py!r}: an interpreter's path, or its name on PATH")
+        if "/" in py and not os.path.isabs(py):
+            raise ConfigError(f"env.python={py!r}: give an absolute path (the jobs start elsewhere), or a bare name")
+        if os.path.isabs(py) and not os.access(py, os.X_OK):
+            raise ConfigError(
+                f"env.python={py!r}: no executable file there on this machine; the jobs' interpreter must be where "
+                "they run (a shared file system), or name it bare (e.g. python) to be found on PATH after env.setup"
+            )
+
+
 def validate_checkpoint(ck: CheckpointConf) -> None:
     if ck.every_steps < 0 or ck.every_seconds < 0:
         raise ConfigError("checkpoint.every_steps and checkpoint.every_seconds must be 0 (off) or positive")
@@ -169,11 +217,12 @@ class JobSpec:
     recovery: RecoveryConf
     task: TaskConf
     health: HealthConf = field(default_factory=HealthConf)
+    env: EnvConf = field(default_factory=EnvConf)
 
 
 # The config groups a job spec is made of, in one place: `spec_dict` takes them from a
 # composed config, the sweeper knows overrides under them can change a spec.
-SPEC_GROUPS = ("cluster", "resources", "checkpoint", "recovery", "task", "health")
+SPEC_GROUPS = ("cluster", "resources", "checkpoint", "recovery", "task", "health", "env")
 
 
 def spec_dict(cfg: Any, groups: tuple[str, ...] = SPEC_GROUPS) -> dict[str, Any]:
@@ -206,6 +255,7 @@ def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
         recovery=parse_conf(RecoveryConf, cfg.get("recovery"), "recovery"),
         task=parse_conf(TaskConf, cfg.get("task"), "task"),
         health=parse_conf(HealthConf, cfg.get("health"), "health"),
+        env=parse_conf(EnvConf, cfg.get("env"), "env"),
     )
     validate_resources(spec.resources)
     if require_task or spec.task != TaskConf():
@@ -213,6 +263,7 @@ def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
     validate_checkpoint(spec.checkpoint)
     validate_recovery(spec.recovery)
     validate_health(spec.health)
+    validate_env(spec.env)
     return spec
 
 

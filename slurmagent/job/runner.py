@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from slurmagent.files import atomic_write
+from slurmagent.primitives.code import import_from_snapshot
 from slurmagent.primitives.env import JobEnv, slurm_job_id
 from slurmagent.primitives.wake import wake
 
@@ -64,6 +65,8 @@ class SweepRunner:
         from slurmagent.runtime.loop import StopForRequeue
 
         job_id = _job_id()
+        # the sweep's copy of the code, if it has one, before anything of the user's is imported (primitives/code.py)
+        import_from_snapshot(self.sweep_dir)
         # as the process exits (submitit has written the result by then): the supervisor looks at once
         atexit.register(wake, self.sweep_dir, f"task {payload.index} job {job_id}")
         saved = self._requeue_file(payload, job_id)
@@ -80,6 +83,9 @@ class SweepRunner:
                 JobEnv.JOB_ID: job_id,
             }
         )
+        if self.backend == "local":  # no batch script exported env.vars (slurm/sbatch.env_lines): this process does
+            env = sweep_config.get("env") or {}
+            os.environ.update({str(k): str(v) for k, v in (env.get("vars") or {}).items()})
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         # one line per run in the job's log (a requeued run appends to the same file): `logs` and
         # ctx.attempt number runs alike

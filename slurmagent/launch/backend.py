@@ -18,7 +18,7 @@ from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
 from slurmagent.job.runner import SweepRunner, TaskPayload
 from slurmagent.primitives.submitit_layout import job_paths, place_pickle, staged_pickle, staging_folder
-from slurmagent.slurm.sbatch import sbatch_flags, stop_flags
+from slurmagent.slurm.sbatch import env_lines, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.views import runs
@@ -70,6 +70,9 @@ def slurm_parameters(
             additional[flag] = value
     if comment and "comment" not in additional:
         additional["comment"] = comment
+    setup = env_lines(spec.env)  # env.vars and env.setup: in the batch script, before srun starts the job's Python
+    if setup:
+        params["setup"] = setup
     params["array_parallelism"] = launcher.array_parallelism or array_size
     params["additional_parameters"] = additional
     return params
@@ -110,8 +113,8 @@ class SeamSlurmExecutor(submitit.SlurmExecutor):
     submission itself a verb of our seam (`SlurmCLI.submit`): one place runs sbatch, and a
     test's fake Slurm answers it like the rest."""
 
-    def __init__(self, folder: Path, slurm: SlurmCLI, max_num_timeout: int) -> None:
-        super().__init__(folder=folder, max_num_timeout=max_num_timeout)
+    def __init__(self, folder: Path, slurm: SlurmCLI, max_num_timeout: int, python: str | None = None) -> None:
+        super().__init__(folder=folder, max_num_timeout=max_num_timeout, python=python)
         self.slurm = slurm
 
     def _boot_command(self, staged: str) -> str:
@@ -205,10 +208,11 @@ def make_executor(
     comment: str = "",
 ) -> submitit.Executor:
     if backend == "slurm":
-        slurm_ex = SeamSlurmExecutor(folder, slurm or SlurmCLI(), max_num_timeout=spec.recovery.max_attempts)
+        python = shlex.quote(spec.env.python) if spec.env.python else None  # submitit's own default: the launcher's
+        slurm_ex = SeamSlurmExecutor(folder, slurm or SlurmCLI(), spec.recovery.max_attempts, python)
         slurm_ex.update_parameters(**slurm_parameters(spec, launcher, array_size, job_name, comment))
         return slurm_ex
-    local = submitit.LocalExecutor(folder=folder)
+    local = submitit.LocalExecutor(folder=folder, python=shlex.quote(spec.env.python) if spec.env.python else None)
     local.update_parameters(
         timeout_min=max(1, slurm_time_to_seconds(spec.resources.time) // 60),
         tasks_per_node=spec.resources.tasks_per_node,

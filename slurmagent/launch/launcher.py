@@ -38,6 +38,7 @@ from slurmagent.config import (
     adapt_conf,
     auto_keys,
     budget_conf,
+    code_conf,
     config_error,
     job_spec,
     parse_conf,
@@ -51,7 +52,9 @@ from slurmagent.job.runner import write_context
 from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
 from slurmagent.launch.index import record_sweep
+from slurmagent.launch.snapshot import SnapshotPlan, plan_snapshot, wanted, write_snapshot
 from slurmagent.launch.sweeper import spec_relevant
+from slurmagent.primitives.code import read_snapshot
 from slurmagent.primitives.env import check_checkpoint_dir
 from slurmagent.primitives.signals import InterruptAtSleep
 from slurmagent.records import Action
@@ -105,6 +108,7 @@ class Checked:
     max_array: int
     schedule: dict[str, Any] = dataclasses.field(default_factory=dict)  # SweepState.schedule
     urgent: bool = False  # resources.priority=urgent, allowed by the policy: recorded through the gate
+    code: SnapshotPlan | None = None  # the code snapshot to take (code.snapshot), checked: None for none
 
 
 def _distinct(specs: Sequence[JobSpec]) -> list[JobSpec]:
@@ -260,9 +264,21 @@ class ArrayLauncher:
                         f"resources.nodes={spec.resources.nodes}: the local backend runs on one machine; use a Slurm "
                         "cluster for multi-node jobs; nothing was submitted"
                     )
+                if spec.env.setup:
+                    raise ConfigError(
+                        f"env.setup={spec.env.setup!r}: setup lines run in a Slurm job's batch script, and the local "
+                        "backend has none (it runs no shell); set up this shell before launching, or use env.vars and "
+                        "env.python, which the local backend honours; nothing was submitted"
+                    )
         max_array = max_array or DEFAULT_MAX_ARRAY_SIZE
-
-        return Checked(conf, console, sweep_dir, specs, backend, max_array, schedule, urgent)
+        code = code_conf(spec_dict(self.config, ("code",)).get("code"))
+        # the files and their size checked now; copied when the sweep is opened (once: a batch adds none)
+        snap = (
+            plan_snapshot(Path.cwd(), sweep_dir, code)
+            if wanted(code, backend) and not read_snapshot(sweep_dir)
+            else None
+        )
+        return Checked(conf, console, sweep_dir, specs, backend, max_array, schedule, urgent, snap)
 
     # -- resource scheduling: auto values, priority, budget (slurmagent/schedule/) ----------
     def _site(self) -> SiteConf:
@@ -355,6 +371,9 @@ class ArrayLauncher:
             checked.max_array,
         )
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        if checked.code is not None:  # before the first job exists: every run of every task imports from it
+            snapshot = write_snapshot(checked.code, sweep_dir)
+            checked.console.print(f"[slurmagent] {snapshot.describe()}", markup=False, highlight=False)
         folder = sweep_dir / ".submitit"
         config = copy.deepcopy(self.config)
         with read_write(config.hydra), open_dict(config.hydra):

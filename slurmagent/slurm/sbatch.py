@@ -7,8 +7,9 @@ person reads in a rendered script is what the launcher submits.
 from __future__ import annotations
 
 import re
+import shlex
 
-from slurmagent.config import RecoveryConf, ResourcesConf, auto_keys
+from slurmagent.config import EnvConf, RecoveryConf, ResourcesConf, auto_keys
 from slurmagent.errors import ConfigError, choices
 
 # sbatch long options that `resources.extra` may set. Options that ResourcesConf owns
@@ -187,3 +188,12 @@ def stop_flags(recovery: RecoveryConf, batch_shell: bool) -> dict[str, str | Non
     submitit, `render`): requeued by Slurm or not, every run's log appended to the same file,
     the stop signal ahead of the time limit. A flag without a value maps to None."""
     return {requeue_flag(recovery): None, "open-mode": "append", "signal": signal_flag(recovery, batch_shell)}
+
+
+def env_lines(env: EnvConf) -> list[str]:
+    """The lines a job's batch script runs before the job's Python (env.*): each variable
+    exported (its value one shell word), then the setup lines as the user wrote them —
+    the one place a shell line of the user's is allowed. submitit's `setup` for the
+    launcher's jobs, the template's for `slurmagent render`."""
+    exports = [f"export {name}={shlex.quote(str(value))}" for name, value in env.vars.items()]
+    return [*exports, *env.setup]
