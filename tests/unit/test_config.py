@@ -211,6 +211,7 @@ def check_group(cfg: Any, key: str) -> None:
         LauncherConf,
         adapt_conf,
         budget_conf,
+        code_conf,
         site_conf,
         spec_dict,
         validate_launcher,
@@ -230,6 +231,8 @@ def check_group(cfg: Any, key: str) -> None:
         budget_conf(plain("budget"))
     elif root == "adapt":
         adapt_conf(plain("adapt"))
+    elif root == "code":
+        code_conf(plain("code"))
     elif root == "hpo":  # the search sweeper's own check of its group
         from slurmagent.launch.hpo_sweeper import HpoSweeper
 
