@@ -2,36 +2,20 @@
 
 Facts are gathered into an `EnvFacts` record (Python, torch build, CUDA runtime, driver's
 CUDA version from NVML, NCCL, visible GPUs, Slurm's GPU allocation, unresolved shared
-libraries of torch's extension modules); `assess` is a pure function of those facts.
+libraries of torch's extension modules: skills/env_facts.py, the standard library only, which
+the launcher's pre-flight probe also runs with a job's own interpreter); `assess` is a pure
+function of those facts.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from slurmagent.skills._base import SkillResult, Status, TypedSkill, worst
+from slurmagent.skills.env_facts import EnvFacts, gather, unresolved_libraries
 
-
-@dataclass(frozen=True)
-class EnvFacts:
-    python: str
-    torch: str | None = None  # torch.__version__, None = not importable
-    torch_error: str = ""
-    cuda_runtime: str | None = None  # torch.version.cuda ("12.4"); None = CPU build
-    cuda_available: bool = False
-    device_count: int = 0
-    nccl: str | None = None
-    driver_cuda: str | None = None  # CUDA version the driver supports ("12.2"), from NVML
-    driver_error: str = ""
-    cuda_visible_devices: str | None = None
-    slurm_job_gpus: str | None = None  # SLURM_JOB_GPUS / SLURM_STEP_GPUS
-    missing_libs: dict[str, list[str]] = field(default_factory=dict)  # library file → unresolved deps
+__all__ = ["EnvCheck", "EnvFacts", "EnvFinding", "assess", "gather", "unresolved_libraries"]
 
 
 @dataclass(frozen=True)
@@ -147,58 +131,6 @@ def assess(f: EnvFacts, min_python: tuple[int, int] = (3, 11)) -> list[EnvFindin
             )
         )
     return out
-
-
-def unresolved_libraries(paths: list[Path]) -> dict[str, list[str]]:
-    """`ldd` of each library: the dependencies it reports as `not found`."""
-    ldd = shutil.which("ldd")
-    if ldd is None:
-        return {}
-    out: dict[str, list[str]] = {}
-    for p in paths:
-        try:
-            text = subprocess.run([ldd, str(p)], capture_output=True, text=True, timeout=30, check=False).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        missing = [ln.split("=>")[0].strip() for ln in text.splitlines() if "not found" in ln]
-        if missing:
-            out[str(p)] = missing
-    return out
-
-
-def gather(env: dict[str, str] | None = None) -> EnvFacts:
-    env = dict(os.environ) if env is None else env
-    facts: dict[str, Any] = {"python": ".".join(str(x) for x in sys.version_info[:3])}
-    try:
-        import torch
-
-        facts.update(torch=str(torch.__version__), cuda_runtime=torch.version.cuda)
-        facts["cuda_available"] = bool(torch.cuda.is_available())
-        facts["device_count"] = int(torch.cuda.device_count()) if facts["cuda_available"] else 0
-        if facts["cuda_available"]:
-            try:
-                facts["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
-            except (AttributeError, RuntimeError):
-                facts["nccl"] = None
-        libdir = Path(torch.__file__).parent
-        libs = sorted([*libdir.glob("_C*.so"), *(libdir / "lib").glob("libtorch*.so")])
-        facts["missing_libs"] = unresolved_libraries(libs)
-    except Exception as exc:  # a broken install raises anything at import
-        facts["torch_error"] = f"{type(exc).__name__}: {exc}"
-    try:
-        import pynvml as nv
-
-        nv.nvmlInit()
-        try:
-            v = int(nv.nvmlSystemGetCudaDriverVersion())
-            facts["driver_cuda"] = f"{v // 1000}.{(v % 1000) // 10}"
-        finally:
-            nv.nvmlShutdown()
-    except Exception as exc:
-        facts["driver_error"] = str(exc)
-    facts["cuda_visible_devices"] = env.get("CUDA_VISIBLE_DEVICES")
-    facts["slurm_job_gpus"] = env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS")
-    return EnvFacts(**facts)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     groups = {"resources": ResourcesConf, "checkpoint": CheckpointConf, "recovery": RecoveryConf}
     spec: dict[str, Any] = {"cluster": "auto", **{k: _typed(v) for k, v in groups.items()}}
+    spec["probe"] = "auto"  # the pre-flight probe (launch/probe.py): auto | on | recheck | off
     spec.update(
         task=_typed(TaskConf),
         health=_typed(HealthConf),

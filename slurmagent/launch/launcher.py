@@ -52,6 +52,7 @@ from slurmagent.job.runner import write_context
 from slurmagent.job.task import run_task
 from slurmagent.launch.backend import SubmititSubmitter, resolve_backend
 from slurmagent.launch.index import record_sweep
+from slurmagent.launch.probe import check_environments, probe_mode
 from slurmagent.launch.snapshot import SnapshotPlan, plan_snapshot, wanted, write_snapshot
 from slurmagent.launch.sweeper import spec_relevant
 from slurmagent.primitives.code import read_snapshot
@@ -228,6 +229,7 @@ class ArrayLauncher:
             raise ConfigError(
                 f"cluster differs between tasks of one sweep ({', '.join(sorted(choices))}); sweep it separately"
             )
+        probe = probe_mode(self.config.get("probe", "auto"))
         backend = resolve_backend(specs[0].cluster, self.slurm)
         max_array = conf.max_array_size
         info = ClusterInfo.query(self.slurm) if backend == "slurm" else None
@@ -247,6 +249,8 @@ class ArrayLauncher:
                 except ConfigError as exc:
                     raise ConfigError(f"{exc}; nothing was submitted") from None
             max_array = max_array or info.max_array_size
+            for out in check_environments(_distinct(specs), probe, sys.executable, self.slurm, self._job_name()):
+                console.print(f"[slurmagent] {out.describe()}", markup=False, highlight=False)
             if conf.detach and conf.supervisor != "process":
                 try:
                     check_fits(supervisor_resources(conf, specs[0].resources.account), info)

@@ -75,13 +75,13 @@ def plan_snapshot(cwd: Path, sweep_dir: Path, conf: CodeConf) -> SnapshotPlan:
             continue
         files.append(name)
         size += path.stat().st_size
-    if size > conf.max_mb * 1e6:
-        biggest = sorted(files, key=lambda n: (root / n).stat().st_size, reverse=True)[:3]
-        raise ConfigError(
-            f"code.snapshot: {root} holds {len(files)} files, {size / 1e6:.0f} MB, over code.max_mb={conf.max_mb:g} "
-            f"(largest: {', '.join(biggest)}); leave data and environments out (.gitignore), raise code.max_mb, or "
-            "set code.snapshot=off to run the working tree as it is then; nothing was submitted"
-        )
+        if size > conf.max_mb * 1e6:  # stop at once: a home directory is not walked to its end
+            biggest = sorted(files, key=lambda n: (root / n).stat().st_size, reverse=True)[:3]
+            raise ConfigError(
+                f"code.snapshot: {root} holds more than {conf.max_mb:g} MB (code.max_mb) in {len(files)}+ files "
+                f"(largest so far: {', '.join(biggest)}); leave data and environments out (.gitignore), raise "
+                "code.max_mb, or set code.snapshot=off to run the working tree as it is then; nothing was submitted"
+            )
     commit = (_git(root, "rev-parse", "HEAD") or "").strip() or None if top else None
     dirty = bool((_git(root, "status", "--porcelain") or "").strip()) if top else False
     subdir = "" if cwd == root else str(cwd.relative_to(root))

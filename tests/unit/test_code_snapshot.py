@@ -83,7 +83,7 @@ def test_a_snapshot_over_the_cap_is_refused_naming_the_key_and_writes_nothing(tm
     with pytest.raises(ConfigError) as err:
         plan_snapshot(tmp_path, sweep, CodeConf(max_mb=1))
     text = str(err.value)
-    assert "over code.max_mb=1" in text and "weights.bin" in text and "nothing was submitted" in text
+    assert "more than 1 MB (code.max_mb)" in text and "weights.bin" in text and "nothing was submitted" in text
     assert not sweep.exists()
 
 
