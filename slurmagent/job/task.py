@@ -28,7 +28,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from slurmagent.config import HPO_STOP_AT, JobSpec, job_spec, resolve_target, spec_dict
 from slurmagent.errors import ConfigError, TaskFailedError
-from slurmagent.job.boot import release_stop_signals
+from slurmagent.job.boot import hold_stop_signals, release_stop_signals
 from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
 from slurmagent.primitives.env import JobEnv, TaskFile, check_checkpoint_dir, task_checkpoint_dir
 from slurmagent.primitives.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
@@ -80,13 +80,20 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
     os.environ.update(ctx.to_env())
     if ctx.world_size > 1:  # torchrun's variables: init_process_group("gloo"/"nccl") needs no arguments
         os.environ.update({k: v for k, v in rendezvous_env(ctx).items() if k not in os.environ})
+    returned = False
     try:
-        return call(spec, ctx)
+        out = call(spec, ctx)
+        returned = True
+        return out
     except StopForRequeue as stop:
         handle_stop(ctx, stop, spec.recovery, slurm)
         raise
     finally:
         set_current(None)
+        if previous and returned:  # in a job's process, the task done: submitit writes its result, the process
+            # exits — a stop signal now (the time limit's warning just as the task ended) would kill it by the
+            # signal's default action and Slurm would record the finished run as FAILED: held until the exit
+            hold_stop_signals()
         restore_handlers(previous)
 
 
