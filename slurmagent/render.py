@@ -25,7 +25,9 @@ from slurmagent.config import JobSpec, job_spec, spec_dict
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
 from slurmagent.primitives.env import JobEnv
+from slurmagent.safety.paths import state_dir
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
+from slurmagent.slurm.container import step_words, wrap
 from slurmagent.slurm.sbatch import env_lines, safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 
@@ -125,6 +127,9 @@ def render(
     config_path = run_dir / "config.yaml"
     atomic_write(config_path, OmegaConf.to_yaml(OmegaConf.create(body)).encode())
 
+    # env.container: the step's Python (or the command) in the image, the run dir, checkpoints and state bound
+    binds = [str(run_dir), str(ckpt.absolute()), str(state_dir())]
+    wrapped = wrap(spec.env, binds, str(run_dir), spec.resources.gpus)
     name = safe_job_name(str(cfg.get("name", "") or experiment_name(overrides)))
     text = (
         _env()
@@ -141,8 +146,8 @@ def render(
             run_dir=str(run_dir),
             env=_job_env(mode, spec, ckpt),
             setup=env_lines(spec.env),
-            python=python or spec.env.python or sys.executable,
-            command=spec.task.command or [],
+            python_words=[*wrapped.srun_flags, *wrapped.prefix, python or wrapped.python or sys.executable],
+            command=step_words(wrapped, spec.task.command or []),
         )
     )
     script = run_dir / "job.sbatch"

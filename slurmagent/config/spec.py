@@ -90,6 +90,22 @@ class HealthConf:
     stop_on_critical: bool = True  # checkpoint, requeue and exclude this node on CRITICAL
 
 
+CONTAINER_RUNTIMES = ("apptainer", "podman", "pyxis")  # how slurm/container.py wraps a job's Python
+
+
+@dataclass(frozen=True)
+class ContainerConf:
+    """The image a job's Python runs in (env.container.*), and how: slurm/container.py turns it
+    into the runtime's argv (apptainer, podman) or srun's flags (pyxis), with the sweep's
+    directories bound in."""
+
+    image: str | None = None  # apptainer: a .sif file (or a docker:// URI); pyxis: a registry image or a .sqsh file;
+    # podman: an image name in its storage, or a root directory (used as an overlay: --rootfs DIR:O)
+    runtime: str | None = None  # apptainer | podman | pyxis
+    mounts: list[str] = field(default_factory=list)  # more binds: "SRC", "SRC:DST" or "SRC:DST:ro" (data paths)
+    args: list[str] = field(default_factory=list)  # more of the runtime's own flags, as argv words
+
+
 @dataclass(frozen=True)
 class EnvConf:
     """Where a job's Python runs on a site: the shell lines its batch script runs first
@@ -100,6 +116,20 @@ class EnvConf:
     setup: list[str] = field(default_factory=list)  # e.g. ["module load cuda/12.4", "source /sw/venv/bin/activate"]
     python: str | None = None  # the jobs' interpreter: an absolute path, or a name found on PATH after setup
     vars: dict[str, str] = field(default_factory=dict)  # exported before the setup lines (they may use them)
+    container: ContainerConf = field(default_factory=ContainerConf)  # the job's image; none by default
+
+
+def env_conf(raw: Mapping[str, Any] | None) -> EnvConf:
+    """The `env` group, its `container` part parsed as its own group (env.container.*)."""
+    data = dict(raw or {})
+    container = data.pop("container", None)
+    if isinstance(container, ContainerConf):
+        return dataclasses.replace(parse_conf(EnvConf, data, "env"), container=container)
+    if container is not None and not isinstance(container, Mapping):
+        raise ConfigError(f"env.container={container!r} has the wrong type; expected keys image, runtime, mounts, args")
+    return dataclasses.replace(
+        parse_conf(EnvConf, data, "env"), container=parse_conf(ContainerConf, container, "env.container")
+    )
 
 
 SIGNAL_CHOICES = ("USR1", "USR2", "TERM", "INT", "HUP")
@@ -169,17 +199,72 @@ def validate_env(env: EnvConf) -> None:
             )
         if "\x00" in str(value):
             raise ConfigError(f"env.vars.{name} contains a NUL byte, which no batch script can carry")
+    validate_container(env.container)
     py = env.python
     if py is not None:
         if not py.strip() or any(c in py for c in "\x00\n\r"):
             raise ConfigError(f"env.python={py!r}: an interpreter's path, or its name on PATH")
         if "/" in py and not os.path.isabs(py):
             raise ConfigError(f"env.python={py!r}: give an absolute path (the jobs start elsewhere), or a bare name")
-        if os.path.isabs(py) and not os.access(py, os.X_OK):
+        if os.path.isabs(py) and not env.container.image and not os.access(py, os.X_OK):
             raise ConfigError(
                 f"env.python={py!r}: no executable file there on this machine; the jobs' interpreter must be where "
                 "they run (a shared file system), or name it bare (e.g. python) to be found on PATH after env.setup"
             )
+
+
+def _one_line(value: str, key: str) -> None:
+    if any(c in value for c in "\x00\n\r"):
+        raise ConfigError(f"{key}={value!r} holds a NUL byte or a line break, which no batch script can carry")
+
+
+def container_image_path(image: str, runtime: str) -> str | None:
+    """The local file or directory an image names, or None for a name the runtime looks up
+    (a registry image, a URI, podman's storage)."""
+    if runtime == "apptainer":
+        return None if "://" in image else image
+    return image if image.startswith(("/", "./", "../", "~")) or image.endswith((".sqsh", ".sif")) else None
+
+
+def validate_container(c: ContainerConf) -> None:
+    """The runtime one of CONTAINER_RUNTIMES, the image there when it is a file, each mount a
+    path that exists here; each refusal names the key."""
+    if c.image is None and c.runtime is None:
+        if c.mounts or c.args:
+            raise ConfigError("env.container.mounts and env.container.args need env.container.image (no image is set)")
+        return
+    if c.runtime not in CONTAINER_RUNTIMES:
+        raise ConfigError(f"env.container.runtime={c.runtime!r} is not one of {choices(CONTAINER_RUNTIMES)}")
+    if not c.image or not c.image.strip():
+        raise ConfigError(f"env.container.runtime={c.runtime} needs env.container.image (the image to run)")
+    _one_line(c.image, "env.container.image")
+    path = container_image_path(c.image, c.runtime)
+    if path is not None:
+        full = os.path.expanduser(path)
+        if not os.path.isabs(full):
+            raise ConfigError(
+                f"env.container.image={c.image!r}: give the image file's absolute path (jobs start elsewhere)"
+            )
+        if not os.path.exists(full):
+            raise ConfigError(f"env.container.image={c.image!r}: no such file on this machine")
+        if c.runtime == "podman" and not os.path.isdir(full):
+            raise ConfigError(
+                f"env.container.image={c.image!r}: podman runs an image by name or a root directory; load an archive "
+                f"into podman's storage first (podman load -i {c.image}) and name the image"
+            )
+    for n, m in enumerate(c.mounts):
+        _one_line(m, f"env.container.mounts[{n}]")
+        parts = m.split(":")
+        if len(parts) > 3 or not all(parts) or "," in m:
+            raise ConfigError(f"env.container.mounts[{n}]={m!r}: write SRC, SRC:DST or SRC:DST:ro (no commas)")
+        if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+            raise ConfigError(f"env.container.mounts[{n}]={m!r}: the third part is ro or rw")
+        if not (os.path.isabs(parts[0]) and (len(parts) < 2 or os.path.isabs(parts[1]))):
+            raise ConfigError(f"env.container.mounts[{n}]={m!r}: both paths must be absolute")
+        if not os.path.exists(parts[0]):
+            raise ConfigError(f"env.container.mounts[{n}]={m!r}: {parts[0]} does not exist on this machine")
+    for n, a in enumerate(c.args):
+        _one_line(a, f"env.container.args[{n}]")
 
 
 def validate_checkpoint(ck: CheckpointConf) -> None:
@@ -255,7 +340,7 @@ def job_spec(cfg: Mapping[str, Any], require_task: bool = True) -> JobSpec:
         recovery=parse_conf(RecoveryConf, cfg.get("recovery"), "recovery"),
         task=parse_conf(TaskConf, cfg.get("task"), "task"),
         health=parse_conf(HealthConf, cfg.get("health"), "health"),
-        env=parse_conf(EnvConf, cfg.get("env"), "env"),
+        env=env_conf(cfg.get("env")),
     )
     validate_resources(spec.resources)
     if require_task or spec.task != TaskConf():

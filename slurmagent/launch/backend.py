@@ -3,6 +3,7 @@ one source of truth for sbatch flags."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import shlex
 import uuid
@@ -18,6 +19,8 @@ from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
 from slurmagent.job.runner import SweepRunner, TaskPayload
 from slurmagent.primitives.submitit_layout import job_paths, place_pickle, staged_pickle, staging_folder
+from slurmagent.safety.paths import state_dir
+from slurmagent.slurm.container import wrap
 from slurmagent.slurm.sbatch import env_lines, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.state import SweepState, TaskRecord
@@ -52,7 +55,12 @@ def resolve_backend(choice: str, slurm: SlurmCLI) -> str:
 
 
 def slurm_parameters(
-    spec: JobSpec, launcher: LauncherConf, array_size: int, job_name: str, comment: str = ""
+    spec: JobSpec,
+    launcher: LauncherConf,
+    array_size: int,
+    job_name: str,
+    comment: str = "",
+    srun_flags: list[str] | None = None,
 ) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for one array of tasks sharing `spec`; `comment`
     marks the job for finding it again (supervise/submission.py) unless the user set one."""
@@ -73,6 +81,8 @@ def slurm_parameters(
     setup = env_lines(spec.env)  # env.vars and env.setup: in the batch script, before srun starts the job's Python
     if setup:
         params["setup"] = setup
+    if srun_flags:  # pyxis: the container is srun's (--container-image …)
+        params["srun_args"] = list(srun_flags)
     params["array_parallelism"] = launcher.array_parallelism or array_size
     params["additional_parameters"] = additional
     return params
@@ -90,7 +100,9 @@ class SubmititSubmitter:
     ) -> list[str]:
         conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
         folder = Path(state.submitit_folder)
-        executor = make_executor(state.backend, folder, spec, conf, len(tasks), state.job_name, self.slurm, comment)
+        executor = make_executor(
+            state.backend, folder, spec, conf, len(tasks), state.job_name, self.slurm, comment, Path(state.sweep_dir)
+        )
         runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
         # a resubmission carries its adjusted resources, so the job's config says what it got; each
         # job starts as the task's next run (ctx.attempt: every earlier run, requeues included, counts)
@@ -197,6 +209,26 @@ def _dump(delayed: DelayedSubmission, path: Path) -> None:
         fh.write(data)
 
 
+def job_binds(sweep_dir: Path, folder: Path, spec: JobSpec) -> list[str]:
+    """The directories a job in a container must see at their own paths: the sweep (its
+    tasks' outputs, checkpoints by default, the code snapshot), submitit's folder, the
+    checkpoint dir when set elsewhere, and slurmagent's state (audit log, pause switch,
+    approvals, the policy). Created now: a runtime refuses to bind a path that is not there."""
+    paths = [sweep_dir, folder, state_dir()]
+    if spec.checkpoint.dir:
+        paths.append(Path(spec.checkpoint.dir).expanduser())
+    if os.environ.get("SLURMAGENT_APPROVALS_DIR"):
+        paths.append(Path(os.environ["SLURMAGENT_APPROVALS_DIR"]))
+    out: list[str] = []
+    for p in paths:
+        p = p.absolute()
+        p.mkdir(parents=True, exist_ok=True)
+        out.append(str(p))
+    if os.environ.get("SLURMAGENT_POLICY"):
+        out.append(str(Path(os.environ["SLURMAGENT_POLICY"]).absolute().parent))
+    return out
+
+
 def make_executor(
     backend: str,
     folder: Path,
@@ -206,11 +238,15 @@ def make_executor(
     job_name: str,
     slurm: SlurmCLI | None = None,
     comment: str = "",
+    sweep_dir: Path | None = None,
 ) -> submitit.Executor:
     if backend == "slurm":
-        python = shlex.quote(spec.env.python) if spec.env.python else None  # submitit's own default: the launcher's
+        wrapped = wrap(spec.env, job_binds(sweep_dir or folder, folder, spec), os.getcwd(), spec.resources.gpus)
+        # submitit's own default: the launcher's interpreter; in a container, the runtime's argv before the image's
+        python = shlex.join([*wrapped.prefix, wrapped.python]) if wrapped.python else None
         slurm_ex = SeamSlurmExecutor(folder, slurm or SlurmCLI(), spec.recovery.max_attempts, python)
-        slurm_ex.update_parameters(**slurm_parameters(spec, launcher, array_size, job_name, comment))
+        params = slurm_parameters(spec, launcher, array_size, job_name, comment, wrapped.srun_flags)
+        slurm_ex.update_parameters(**params)
         return slurm_ex
     local = submitit.LocalExecutor(folder=folder, python=shlex.quote(spec.env.python) if spec.env.python else None)
     local.update_parameters(

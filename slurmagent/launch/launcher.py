@@ -274,6 +274,12 @@ class ArrayLauncher:
                         "backend has none (it runs no shell); set up this shell before launching, or use env.vars and "
                         "env.python, which the local backend honours; nothing was submitted"
                     )
+                if spec.env.container.image:
+                    raise ConfigError(
+                        f"env.container.image={spec.env.container.image!r}: containers run on Slurm (the runtime wraps "
+                        "the job's step); the local backend runs the launcher's own Python; use cluster=slurm, or "
+                        "run this launcher inside the image; nothing was submitted"
+                    )
         max_array = max_array or DEFAULT_MAX_ARRAY_SIZE
         code = code_conf(spec_dict(self.config, ("code",)).get("code"))
         # the files and their size checked now; copied when the sweep is opened (once: a batch adds none)

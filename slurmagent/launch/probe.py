@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from slurmagent.safety.paths import state_dir
 from slurmagent.skills._base import Status
 from slurmagent.skills.env_check import EnvFinding, assess
 from slurmagent.skills.env_facts import EnvFacts
+from slurmagent.slurm.container import DEFAULT_PYTHON, step_words, wrap
 from slurmagent.slurm.sbatch import env_lines, safe_directive_value, safe_job_name, sbatch_flags
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
 
@@ -72,7 +74,7 @@ def wanted(mode: str, spec: JobSpec) -> bool:
     probe_mode(mode)
     if mode == "off":
         return False
-    return mode in ("on", "recheck") or bool(spec.env.python or spec.env.setup)
+    return mode in ("on", "recheck") or bool(spec.env.python or spec.env.setup or spec.env.container.image)
 
 
 def probe_key(spec: JobSpec, python: str) -> str:
@@ -80,7 +82,8 @@ def probe_key(spec: JobSpec, python: str) -> str:
     runs before and as its Python."""
     res = spec.resources
     where = {k: getattr(res, k) for k in ("partition", "gpus", "gpu_type", "constraint", "account", "qos")}
-    body = json.dumps({"where": where, "lines": env_lines(spec.env), "python": python}, sort_keys=True)
+    image = dataclasses.asdict(spec.env.container)
+    body = json.dumps({"where": where, "lines": env_lines(spec.env), "python": python, "image": image}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
@@ -92,13 +95,15 @@ def probe_script(spec: JobSpec, python: str, output: Path, name: str) -> str:
     res = dataclasses.replace(spec.resources, nodes=1, tasks_per_node=1, time=PROBE_TIME)
     flags = {"job-name": safe_job_name(f"{name}-probe"), "output": str(output), **sbatch_flags(res)}
     source = resources.files("slurmagent.skills").joinpath("env_facts.py").read_text()
+    # in the sweep's image when it has one: the probe sees the interpreter its jobs will run
+    wrapped = wrap(spec.env, [str(output.parent)], os.getcwd(), spec.resources.gpus)
     return "\n".join(
         [
             "#!/bin/bash",
             *(f"#SBATCH --{k}={v}" for k, v in flags.items()),
             "# slurmagent's pre-flight probe: the sweep's environment, then the facts env_check assesses",
             *env_lines(spec.env),
-            f"exec {shlex.quote(python)} -c {shlex.quote(source)}",
+            "exec " + shlex.join(step_words(wrapped, [python, "-c", source])),
             "",
         ]
     )
@@ -190,7 +195,7 @@ def check_environments(
     for spec in specs:
         if not wanted(mode, spec):
             continue
-        interpreter = spec.env.python or python
+        interpreter = spec.env.python or (DEFAULT_PYTHON if spec.env.container.image else python)
         key = probe_key(spec, interpreter)
         if key in done:
             continue
