@@ -9,17 +9,70 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from slurmagent.cli.args import JOB_ID, sweep_dir_arg
+from slurmagent.cli.args import CONFIG_DIR_HELP, JOB_ID, check_path, sweep_dir_arg
 from slurmagent.cli.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from slurmagent.errors import ConfigError
 
 
 def doctor_args(dr: argparse.ArgumentParser) -> None:
-    dr.add_argument("target", type=Path, help="a sweep directory or a Slurm job id (digits, or 123_4)")
+    dr.add_argument(
+        "target",
+        nargs="*",
+        help="a sweep directory or a Slurm job id (digits, or 123_4); with --env: the launcher's overrides",
+    )
     dr.add_argument("--json", action="store_true", help="one JSON object per diagnosed task")
+    dr.add_argument(
+        "--env",
+        action="store_true",
+        help="run the pre-flight probe now on the environment the overrides give (env.*, the partition, GPUs)",
+    )
+    dr.add_argument("--config-dir", "-cd", type=Path, default=None, help=CONFIG_DIR_HELP)
+
+
+def doctor_env(overrides: list[str], config_dir: Path | None) -> int:
+    """`doctor --env OVERRIDES`: the probe job a launch would run (launch/probe.py), run now
+    whatever the cache says, every finding printed; exit 1 on a CRITICAL one."""
+    from slurmagent.config import job_spec, spec_dict
+    from slurmagent.launch.probe import interpreter_of, remember, run_probe
+    from slurmagent.render import compose, experiment_name
+    from slurmagent.safety.paths import state_dir
+    from slurmagent.slurm.seam import SlurmCLI
+
+    try:
+        spec = job_spec(spec_dict(compose(overrides, config_dir)), require_task=False)
+    except ConfigError as exc:
+        print(f"slurmagent: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    slurm = SlurmCLI()
+    if not slurm.available():
+        print("slurmagent: error: Slurm does not answer here: the probe is a Slurm job", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    python = interpreter_of(spec, sys.executable)
+    out = run_probe(spec, python, slurm, experiment_name(overrides) or "env", state_dir() / "probes")
+    remember(out)
+    print(out.describe())
+    for f in out.findings:
+        print(f"  {f.status.name}: {f.what}" + (f" (fix: {f.fix})" if f.fix else ""))
+    return EXIT_FAILED if out.critical or out.note else EXIT_OK
 
 
 def doctor(args: argparse.Namespace) -> int:
-    """TARGET is a sweep directory, a Slurm job id (123), an array task (123_4) or an array (123)."""
+    """TARGET is a sweep directory, a Slurm job id (123), an array task (123_4) or an array (123).
+    `doctor --env OVERRIDES…` probes the environment those overrides give, on Slurm, now."""
+    if args.config_dir is not None:
+        check_path(args.config_dir, "dir", "--config-dir", ConfigError)
+        if not args.env:
+            print("slurmagent: error: --config-dir is for doctor --env (the overrides' configs)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    if args.env:
+        return doctor_env(list(args.target), args.config_dir)
+    if len(args.target) != 1:
+        print(
+            "slurmagent: error: doctor takes one sweep directory or job id (or --env with the launcher's overrides)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    args.target = Path(args.target[0])
 
     from slurmagent.recovery.diagnose import Diagnosis, diagnose
     from slurmagent.recovery.plan import install_command

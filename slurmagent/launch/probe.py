@@ -184,6 +184,18 @@ def cached(key: str, now: float | None = None) -> bool:
     return (time.time() if now is None else now) - float(body.get("at", 0)) < PROBE_TTL_S
 
 
+def interpreter_of(spec: JobSpec, launcher_python: str) -> str:
+    """The interpreter a spec's jobs start: env.python, else the image's own (in a container),
+    else the launcher's."""
+    return spec.env.python or (DEFAULT_PYTHON if spec.env.container.image else launcher_python)
+
+
+def remember(out: ProbeOutcome) -> None:
+    """A check that ran and found nothing CRITICAL, kept for a day."""
+    if not out.note and not out.critical and not out.cached:
+        atomic_write(_cache_path(out.key), json.dumps({"at": time.time(), "job": out.job_id}).encode())
+
+
 def check_environments(
     specs: Sequence[JobSpec], mode: str, python: str, slurm: SlurmCLI, name: str
 ) -> list[ProbeOutcome]:
@@ -195,7 +207,7 @@ def check_environments(
     for spec in specs:
         if not wanted(mode, spec):
             continue
-        interpreter = spec.env.python or (DEFAULT_PYTHON if spec.env.container.image else python)
+        interpreter = interpreter_of(spec, python)
         key = probe_key(spec, interpreter)
         if key in done:
             continue
@@ -212,6 +224,5 @@ def check_environments(
                 f"the environment probe (Slurm job {out.job_id}, {where}, python {interpreter}) found: {found}; "
                 "nothing was submitted (probe=off skips the check)"
             )
-        if not out.note:
-            atomic_write(_cache_path(key), json.dumps({"at": time.time(), "job": out.job_id}).encode())
+        remember(out)
     return outcomes

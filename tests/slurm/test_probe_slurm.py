@@ -66,3 +66,18 @@ def test_a_passing_environment_is_probed_once_and_then_taken_from_the_cache(tmp_
     again = cli(home, *args)
     assert again.returncode == 0, again.stderr
     assert "environment checked within the last day" in again.stderr, again.stderr
+
+
+def test_doctor_env_probes_an_environment_on_demand(tmp_path: Path) -> None:
+    """`slurmagent doctor --env OVERRIDES`: the same probe job, now, every finding printed."""
+    home = tmp_path / "home"
+    home.mkdir()
+    venv = home / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    bad = cli(home, "doctor", "--env", f"env.python={venv}/bin/python")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "environment checked by probe job" in bad.stdout
+    assert "CRITICAL: torch does not import" in bad.stdout and "(fix: pip install torch" in bad.stdout
+    good = cli(home, "doctor", "--env", f'env.setup=["export DOCTOR_ENV_MARK={tmp_path.name}"]')
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "environment checked by probe job" in good.stdout and "CRITICAL" not in good.stdout

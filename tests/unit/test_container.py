@@ -224,3 +224,15 @@ def test_the_readmes_apptainer_site_renders_as_written(tmp_path: Path, project_r
     words = shlex.split(srun)
     assert words[2:4] == ["apptainer", "exec"] and f"{data}:/data:ro" in words[words.index("--bind") + 1]
     assert words[words.index(str(sif)) + 1 : words.index(str(sif)) + 4] == ["python", "-m", "slurmagent"]
+
+
+def test_doctor_takes_one_target_unless_it_probes_an_environment(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "slurmagent", "doctor"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 2 and "doctor takes one sweep directory or job id" in run.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "slurmagent", "doctor", "--env", "env.container.runtime=docker"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "env.container.runtime='docker' is not one of" in bad.stderr, bad.stderr
