@@ -137,6 +137,14 @@ RULES: tuple[Rule, ...] = (
         "resubmit excluding that node",
     ),
     _r(
+        "controller_unreachable",
+        r"Unable to contact slurm controller|Slurm controller not responding",
+        True,
+        "Slurm's controller could not be reached while the job was starting its step ({match}): the cluster's "
+        "fault, not the job's.",
+        "resubmit once the controller answers (scontrol ping); the task resumes from its newest checkpoint",
+    ),
+    _r(
         "killed",
         r"srun: error: \S+: task \d+: (Killed)$|was killed by (SIGKILL)\b",
         True,

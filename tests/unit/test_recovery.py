@@ -35,6 +35,7 @@ def logs(name: str) -> dict[str, str]:
         ("FAILED", "xid.log", "xid", True, 1),
         ("FAILED", "missing_module.err", "missing_module", False, 5),
         ("FAILED", "missing_path.err", "missing_path", False, 4),
+        ("FAILED", "controller_down.err", "controller_unreachable", True, 1),
     ],
 )
 def test_diagnosis_names_cause_and_evidence_line(state: str, name: str, cause: str, retryable: bool, line: int) -> None:
@@ -59,6 +60,12 @@ CLUSTER = parse_cluster(SINFO, "low|2:00:00|low*\ngpu|4:00:00|gpu\n", parse_scon
 
 def spec(**resources: object) -> JobSpec:
     return job_spec({"task": {"target": "a:b"}, "resources": resources, "recovery": {"max_attempts": 3}})
+
+
+def test_controller_down_resubmits_unchanged() -> None:
+    d = diagnose("FAILED", logs("controller_down.err"))
+    step = plan(spec(mem="1G"), 1, d, "cpu-1", CLUSTER)
+    assert isinstance(step, Resubmit) and step.resources == spec(mem="1G").resources and step.changes == {}
 
 
 def test_host_oom_grows_memory_up_to_the_largest_node() -> None:
