@@ -258,7 +258,8 @@ def _decide(ctx: JobContext, stop: StopForRequeue, recovery: RecoveryConf, slurm
     # switch): the job ends here, and says why in words the supervisor's diagnosis knows, so that
     # recovery resubmits it to resume from the checkpoint (was: "crash", no error message, not retried)
     verdict = "held by the kill switch" if outcome.held else outcome.decision.verdict
-    why_not = f"{verdict}: {outcome.result.get('error') or outcome.decision.rule}"
+    # on one line: scontrol's errors span several (munge's three), and the diagnosis reads a line
+    why_not = " ".join(f"{verdict}: {outcome.result.get('error') or outcome.decision.rule}".split())
     if why == "time_limit":
         raise TaskFailedError(
             f"slurmagent: time limit near ({left} left) and the requeue was not done ({why_not}); "

@@ -30,13 +30,21 @@ srun sleep 60
 """
 
 
-def refusing(fake: FakeSlurm) -> SlurmCLI:
+# what scontrol says in a container without munge's socket (the test cluster's podman overlay)
+NO_MUNGE = (
+    "scontrol: error: If munged is up, restart with --num-threads=10\n"
+    'scontrol: error: Munge encode failed: Failed to access "/run/munge/munge.socket.2": Connection refused\n'
+    "scontrol: error: slurm_send_node_msg: auth_g_create: REQUEST_JOB_REQUEUE has authentication error\n"
+)
+
+
+def refusing(fake: FakeSlurm, message: str = "") -> SlurmCLI:
     """The fake Slurm, except that `scontrol requeue` is refused as real Slurm refuses it for a
-    job submitted with --no-requeue."""
+    job submitted with --no-requeue (or with `message`)."""
 
     def runner(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         if argv[:2] == ["scontrol", "requeue"]:
-            msg = f"Requested operation is presently disabled for job {argv[2]}\n"
+            msg = message or f"Requested operation is presently disabled for job {argv[2]}\n"
             return subprocess.CompletedProcess(argv, 1, "", msg)
         return fake(argv, timeout)
 
@@ -84,3 +92,16 @@ def test_a_requeue_slurm_takes_still_just_stops_the_job(fake: FakeSlurm, tmp_pat
     _, ctx = running_job(fake, tmp_path, minutes=1)
     handle_stop(ctx, StopForRequeue(signal.SIGUSR2, 5, (signal.SIGUSR2,)), RecoveryConf(), SlurmCLI(runner=fake))
     assert fake.job(str(ctx.job_id))["runs"][0][0] == "REQUEUED"
+
+
+def test_a_refusal_of_many_lines_is_still_diagnosed(fake: FakeSlurm, tmp_path: Path) -> None:
+    """scontrol's errors span lines (munge unreachable: three); the job's sentence keeps them on one,
+    so the diagnosis still finds it. Was: "crash", not retried."""
+    _, ctx = running_job(fake, tmp_path, minutes=30)
+    with pytest.raises(TaskFailedError) as err:
+        handle_stop(
+            ctx, StopForRequeue(signal.SIGUSR2, 12, (signal.SIGUSR2,)), RecoveryConf(), refusing(fake, NO_MUNGE)
+        )
+    assert "\n" not in str(err.value) and "Connection refused" in str(err.value)
+    diag = diagnose("FAILED", {"task error": f"FAILED: TaskFailedError: {err.value}"})
+    assert (diag.cause, diag.retryable) == ("requeue_failed", True), diag
