@@ -9,6 +9,7 @@ starts, the same way.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -40,6 +41,15 @@ from hydra.core.plugins import Plugins  # noqa: E402
 Plugins.instance()
 
 
+def chain_digest(steps: int) -> str:
+    """What the synthetic task (and the tests' own step loops) ends with after `steps` steps run
+    exactly once each, in order: the digest an uninterrupted run gives."""
+    d = hashlib.sha256(b"start").hexdigest()
+    for step in range(steps):
+        d = hashlib.sha256(f"{d}:{step}".encode()).hexdigest()
+    return d
+
+
 def audit_records(path: Path, retention: bool = False) -> list[dict[str, Any]]:
     """The records of an audit log (none when it does not exist). A run's checkpoint.keep_last
     deletions are gate actions too (tests/unit/test_checkpoint.py); a test of other actions
@@ -52,6 +62,15 @@ def audit_records(path: Path, retention: bool = False) -> list[dict[str, Any]]:
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return ROOT
+
+
+@pytest.fixture()
+def home(tmp_path: Path, project_root: Path) -> Path:
+    """A user's own directory, outside the checkout: where the tests that take a user's path run."""
+    home = tmp_path / "home"
+    home.mkdir()
+    assert project_root not in home.parents
+    return home
 
 
 @pytest.fixture(scope="session")

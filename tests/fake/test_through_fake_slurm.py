@@ -5,7 +5,6 @@ Each test takes seconds; tests/slurm/ proves the same paths on the real cluster.
 
 from __future__ import annotations
 
-import hashlib
 import shlex
 import signal
 import subprocess
@@ -13,19 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import audit_records
+from tests.conftest import audit_records, chain_digest
 from tests.fake.conftest import finish, first_job_id, running, slurmagent, start, sweep_state
 from tests.fake.fake_slurm import FakeSlurm
 
 SYNTHETIC = ("+experiment=synthetic", "cluster=slurm", "hydra.launcher.poll_interval_s=0.3")
-
-
-def digest(steps: int) -> str:
-    """The synthetic task's result after `steps` steps run exactly once each."""
-    d = hashlib.sha256(b"start").hexdigest()
-    for step in range(steps):
-        d = hashlib.sha256(f"{d}:{step}".encode()).hexdigest()
-    return d
 
 
 def audit(sweep: Path) -> list[dict[str, object]]:
@@ -40,7 +31,7 @@ def test_launch_submits_one_array_and_supervises_it_to_the_end(fake: FakeSlurm, 
     state = sweep_state(sweep)
     assert state["backend"] == "slurm" and len(state["array_ids"]) == 1
     assert [t["state"] for t in state["tasks"]] == ["COMPLETED"] * 3
-    assert [t["result"]["digest"] for t in state["tasks"]] == [digest(3), digest(4), digest(5)]
+    assert [t["result"]["digest"] for t in state["tasks"]] == [chain_digest(3), chain_digest(4), chain_digest(5)]
     calls = fake.logged_calls()
     sbatch = [c for c in calls if c[0] == "sbatch"]
     assert len(sbatch) == 1  # one array for the three tasks, through the seam's submit verb
@@ -86,7 +77,7 @@ def test_host_oom_is_diagnosed_and_resubmitted_with_more_memory(fake: FakeSlurm,
     assert state["specs"][task["spec_id"]]["resources"]["mem"] == "384M"  # 256M × 1.5
     # resumed from a periodic checkpoint (every 5 steps; the one at step 10 may still have been
     # in flight, in the background, when the job was killed)
-    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 5
+    assert task["result"]["digest"] == chain_digest(80) and task["result"]["resumed_from"] >= 5
     decisions = [(r["type"], r["action"], r["decision"]) for r in audit(sweep)]
     assert decisions == [("decision", "resubmit", "allow"), ("outcome", "resubmit", "allow")]
 
@@ -107,7 +98,7 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
     (task,) = sweep_state(sweep)["tasks"]
     assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1  # not a new attempt
     result = task["result"]
-    assert result["digest"] == digest(80) and result["resumed_from"] >= 10  # the stop checkpoint
+    assert result["digest"] == chain_digest(80) and result["resumed_from"] >= 10  # the stop checkpoint
     assert result["steps_run_here"] == 80 - result["resumed_from"]  # no step redone
     assert fake.job(job)["runs"][0][0] == "PREEMPTED"
     # the requeued run started from what the stopped one left (no composition, no sweep context)
@@ -130,7 +121,7 @@ def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: 
     fake.warn(job)  # Slurm's --signal=USR2@60 before the time limit
     finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
-    assert task["result"]["digest"] == digest(80) and task["attempts"][0]["restarts"] == 1
+    assert task["result"]["digest"] == chain_digest(80) and task["attempts"][0]["restarts"] == 1
     records = audit(sweep)
     assert [(r["type"], r["action"], r["decision"]) for r in records] == [
         ("decision", "requeue", "allow"),
@@ -173,7 +164,7 @@ def test_watch_takes_over_after_the_launcher_is_killed(fake: FakeSlurm, tmp_path
     launcher.communicate(timeout=30)
     proc = slurmagent(fake, tmp_path, "watch", str(sweep), "--interval", "0.3")
     assert proc.returncode == 0, proc.stderr
-    assert [t["result"]["digest"] for t in sweep_state(sweep)["tasks"]] == [digest(30), digest(31)]
+    assert [t["result"]["digest"] for t in sweep_state(sweep)["tasks"]] == [chain_digest(30), chain_digest(31)]
 
 
 def test_a_stop_signal_before_the_runtime_is_ready_is_held_not_fatal(fake: FakeSlurm, tmp_path: Path) -> None:
@@ -189,7 +180,7 @@ def test_a_stop_signal_before_the_runtime_is_ready_is_held_not_fatal(fake: FakeS
     fake.warn(job)  # USR2 while submitit is still loading the task: no handler of ours yet
     finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
-    assert task["state"] == "COMPLETED" and task["result"]["digest"] == digest(40)
+    assert task["state"] == "COMPLETED" and task["result"]["digest"] == chain_digest(40)
     assert task["attempts"][0]["restarts"] == 1  # it requeued itself once, through the gate
     assert [r["action"] for r in audit(sweep)] == ["requeue", "requeue"]
 
@@ -206,7 +197,7 @@ def test_a_requeued_preemption_is_never_a_failure_even_while_accounting_lags(tmp
     assert "FAILED" not in err and "resubmitted" not in err
     (task,) = sweep_state(sweep)["tasks"]
     assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1
-    assert task["result"]["digest"] == digest(80)
+    assert task["result"]["digest"] == chain_digest(80)
     assert ["squeue", "-h", "-j", job, "-o", "%i|%T|%r|%L"] in fake.logged_calls()  # it asked
 
 
@@ -219,7 +210,7 @@ def test_a_preemption_that_cancels_the_job_is_recovered(fake: FakeSlurm, tmp_pat
     finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert [a["state"] for a in task["attempts"]] == ["PREEMPTED", "COMPLETED"]
-    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10
+    assert task["result"]["digest"] == chain_digest(80) and task["result"]["resumed_from"] >= 10
 
 
 def test_a_task_recovery_gave_up_on_gets_a_fix_command_that_works(fake: FakeSlurm, tmp_path: Path) -> None:
@@ -245,4 +236,4 @@ def test_a_task_recovery_gave_up_on_gets_a_fix_command_that_works(fake: FakeSlur
     state = sweep_state(new_sweep)
     (redo,) = state["tasks"]
     assert redo["state"] == "COMPLETED" and state["specs"][redo["spec_id"]]["resources"]["mem"] == "384M"
-    assert redo["result"]["digest"] == digest(20)
+    assert redo["result"]["digest"] == chain_digest(20)

@@ -8,7 +8,6 @@ named in `status` and `doctor SWEEP`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -20,24 +19,11 @@ from typing import Any
 import pytest
 from fault_cases import wait_for
 
+from tests.conftest import chain_digest
+
 pytestmark = pytest.mark.slurm
 
 POLL = ("hydra.launcher.poll_interval_s=1", "hydra.launcher.max_poll_interval_s=2")
-
-
-def digest(steps: int) -> str:
-    d = hashlib.sha256(b"start").hexdigest()
-    for step in range(steps):
-        d = hashlib.sha256(f"{d}:{step}".encode()).hexdigest()
-    return d
-
-
-@pytest.fixture()
-def home(tmp_path: Path, project_root: Path) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    assert project_root not in home.parents
-    return home
 
 
 def user_env() -> dict[str, str]:
@@ -161,7 +147,7 @@ def test_a_search_trial_requeued_mid_rung_resumes_exactly(home: Path) -> None:
         epochs = [int(r["epoch"]) for r in map(json.loads, lines) if "epoch" in r]
         assert epochs == list(range(1, trial["epochs"] + 1)), (trial, epochs)  # each epoch once
     result = task0["result"]
-    assert result["digest"] == digest(result["epoch"] * 3), result  # every step exactly once
+    assert result["digest"] == chain_digest(result["epoch"] * 3), result  # every step exactly once
 
 
 def test_a_detached_sweeps_requeued_task_resumes_and_the_sweep_finishes(home: Path) -> None:
@@ -175,7 +161,7 @@ def test_a_detached_sweeps_requeued_task_resumes_and_the_sweep_finishes(home: Pa
     tasks = state(sweep)["tasks"]
     assert [t["state"] for t in tasks] == ["COMPLETED", "COMPLETED"], tasks
     assert tasks[0]["attempts"][0]["restarts"] >= 1 and tasks[0]["result"]["resumed_from"], tasks[0]
-    assert [t["result"]["digest"] for t in tasks] == [digest(60), digest(40)]
+    assert [t["result"]["digest"] for t in tasks] == [chain_digest(60), chain_digest(40)]
 
 
 CRASHING = """
@@ -253,6 +239,6 @@ def test_a_training_process_killed_by_sigkill_is_resumed(home: Path) -> None:
     (task,) = state(sweep)["tasks"]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 2, task
     assert task["diagnosis"]["cause"] == "killed", task["diagnosis"]
-    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] >= 10, task["result"]
+    assert task["result"]["digest"] == chain_digest(80) and task["result"]["resumed_from"] >= 10, task["result"]
     audit = [json.loads(x) for x in (sweep / "audit.jsonl").read_text().splitlines()]
     assert ("outcome", "resubmit", "allow") in [(r["type"], r["action"], r["decision"]) for r in audit], audit

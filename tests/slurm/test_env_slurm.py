@@ -83,10 +83,7 @@ def result(home: Path, sweep: Path) -> dict[str, object]:
     return task["result"]  # type: ignore[no-any-return]
 
 
-def test_the_job_runs_the_setup_lines_and_the_interpreter_it_is_given(tmp_path: Path, project_root: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    assert project_root not in home.parents
+def test_the_job_runs_the_setup_lines_and_the_interpreter_it_is_given(home: Path) -> None:
     (home / "envtask.py").write_text(TASK)
     args, want = env_args(home)
     run = cli(home, "-m", *args)

@@ -30,12 +30,7 @@ def jobs_named(name: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if line.split("|")[1] == name]
 
 
-def test_an_interpreter_without_torch_is_refused_by_the_probe_and_nothing_is_queued(
-    tmp_path: Path, project_root: Path
-) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    assert project_root not in home.parents
+def test_an_interpreter_without_torch_is_refused_by_the_probe_and_nothing_is_queued(home: Path) -> None:
     (home / "bare_task.py").write_text(TASK)
     venv = home / "bare-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -4,7 +4,6 @@ at the next step boundary → `scontrol requeue` of the array task → resume, s
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import subprocess
 import threading
@@ -14,18 +13,11 @@ from pathlib import Path
 import pytest
 from fault_cases import sweep_argv
 
-from tests.conftest import audit_records
+from tests.conftest import audit_records, chain_digest
 
 pytestmark = pytest.mark.slurm
 
 STEPS = 120
-
-
-def expected_digest(steps: int) -> str:
-    digest = hashlib.sha256(b"start").hexdigest()
-    for step in range(steps):
-        digest = hashlib.sha256(f"{digest}:{step}".encode()).hexdigest()
-    return digest
 
 
 def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) -> None:
@@ -80,7 +72,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
     assert seen <= {"WAITING", "PENDING", "RUNNING", "REQUEUED", "COMPLETED"}, seen  # never shown as failed
     task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
     result = task["result"]
-    assert result["digest"] == expected_digest(STEPS)  # same as a run that never stopped
+    assert result["digest"] == chain_digest(STEPS)  # same as a run that never stopped
     assert result["attempt"] == 2 and 0 < result["resumed_from"] < STEPS
     # only the steps after the signal checkpoint ran in the second attempt: nothing redone
     assert result["steps_run_here"] == STEPS - result["resumed_from"]
