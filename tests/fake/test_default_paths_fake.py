@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from slurmagent.primitives.env import sweep_key
+from tests.conftest import chain_digest
 from tests.fake.conftest import finish, slurmagent, start, sweep_state
 from tests.fake.fake_slurm import FakeSlurm
-from tests.fake.test_through_fake_slurm import SYNTHETIC, digest
+from tests.fake.test_through_fake_slurm import SYNTHETIC
 
 
 def default_sweep(home: Path, timeout: float = 60) -> Path:
@@ -51,7 +52,7 @@ def test_a_preempted_task_resumes_under_the_default_sweep_dir(fake: FakeSlurm, t
     finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert task["state"] == "COMPLETED" and task["attempts"][0]["restarts"] == 1, task
-    assert task["result"]["digest"] == digest(80) and task["result"]["resumed_from"] > 0, task["result"]
+    assert task["result"]["digest"] == chain_digest(80) and task["result"]["resumed_from"] > 0, task["result"]
     # the requeued run wrote into the same task directory, not a new multirun/<now>
     assert [p.relative_to(home) for p in home.glob("multirun/*/*")] == [sweep.relative_to(home)]
     # runs are numbered alike by the job (ctx.attempt) and by `logs` (was: "attempt 1" for both runs)
@@ -70,7 +71,7 @@ def test_a_shared_checkpoint_dir_gives_each_task_its_own_directory(fake: FakeSlu
     finish(start(fake, home, *args, f"checkpoint.dir={ckpt}"))
     sweep = default_sweep(home)
     tasks = sweep_state(sweep)["tasks"]
-    assert [t["result"]["digest"] for t in tasks] == [digest(12), digest(20)]
+    assert [t["result"]["digest"] for t in tasks] == [chain_digest(12), chain_digest(20)]
     assert all(not t["result"]["resumed_from"] for t in tasks), tasks
     under = ckpt / sweep_key(sweep)
     assert sorted(p.name for p in under.iterdir()) == ["0", "1"]
@@ -127,4 +128,4 @@ def test_max_attempts_counts_submissions_not_slurms_requeues(fake: FakeSlurm, tm
     finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
     assert task["state"] == "COMPLETED" and len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 2, task
-    assert task["result"]["attempt"] == 3 and task["result"]["digest"] == digest(120)
+    assert task["result"]["attempt"] == 3 and task["result"]["digest"] == chain_digest(120)
