@@ -178,7 +178,11 @@ def test_time_min_job_is_backfilled_into_a_hole_and_requeued_at_its_shortened_li
 ) -> None:
     """cpu-2 is busy for 45 s; cpu-1 is reserved from 95 s on. A 10-minute job that may run
     for 1 minute (--time-min) starts at once on cpu-1 with its limit cut to fit; before that
-    limit Slurm's warning signal makes it checkpoint and requeue, and it resumes and completes."""
+    limit Slurm's warning signal makes it checkpoint and requeue, and it resumes and completes.
+    How many times depends on when Slurm's warning comes (up to a minute early: at a 1-minute
+    limit a run may get almost no time) and on the hole left: seen 1 to 3 requeues, and once a
+    4th, which the default bound (3) ended FAILED and recovery resubmitted — so the bound here
+    is 8: the test is about where the job ran and how it ended, not the count."""
     block = ["sbatch", "--parsable", "-p", "low", "-w", "cpu-2", "--exclusive", "-t", "1", "-o", "/dev/null"]
     block += ["--wrap", "sleep 45"]
     blocker = subprocess.run(block, capture_output=True, text=True, check=True).stdout.strip()
@@ -195,7 +199,7 @@ def test_time_min_job_is_backfilled_into_a_hole_and_requeued_at_its_shortened_li
             [sys.executable, "-m", "slurmagent", "+experiment=synthetic", "cluster=slurm", *POLL, "-m",
              "synthetic.steps=200", "synthetic.step_time_s=0.25", "checkpoint.every_steps=10",
              "resources.constraint=cpu", "resources.time=00:10:00", "resources.time_min=00:01:00",
-             "recovery.signal_delay_s=20", f"hydra.sweep.dir={sweep}"],
+             "recovery.signal_delay_s=20", "recovery.max_time_limit_requeues=8", f"hydra.sweep.dir={sweep}"],
             cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         while proc.poll() is None:  # what the controller says of the job while it runs
