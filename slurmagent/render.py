@@ -27,7 +27,7 @@ from slurmagent.files import atomic_write
 from slurmagent.primitives.env import JobEnv
 from slurmagent.safety.paths import state_dir
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
-from slurmagent.slurm.container import step_words, wrap
+from slurmagent.slurm.container import python_words, step_words, wrap
 from slurmagent.slurm.sbatch import env_lines, safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 
@@ -130,6 +130,7 @@ def render(
     # env.container: the step's Python (or the command) in the image, the run dir, checkpoints and state bound
     binds = [str(run_dir), str(ckpt.absolute()), str(state_dir())]
     wrapped = wrap(spec.env, binds, str(run_dir), spec.resources.gpus)
+    job_python = dataclasses.replace(wrapped, python=python or wrapped.python or sys.executable)
     name = safe_job_name(str(cfg.get("name", "") or experiment_name(overrides)))
     text = (
         _env()
@@ -146,7 +147,7 @@ def render(
             run_dir=str(run_dir),
             env=_job_env(mode, spec, ckpt),
             setup=env_lines(spec.env),
-            python_words=[*wrapped.srun_flags, *wrapped.prefix, python or wrapped.python or sys.executable],
+            python_words=[*wrapped.srun_flags, *python_words(job_python, sys.executable, str(run_dir))],
             command=step_words(wrapped, spec.task.command or []),
         )
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import shlex
+import sys
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +21,7 @@ from slurmagent.errors import SlurmUnavailableError
 from slurmagent.job.runner import SweepRunner, TaskPayload
 from slurmagent.primitives.submitit_layout import job_paths, place_pickle, staged_pickle, staging_folder
 from slurmagent.safety.paths import state_dir
-from slurmagent.slurm.container import wrap
+from slurmagent.slurm.container import python_words, wrap
 from slurmagent.slurm.sbatch import env_lines, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import SlurmCLI
 from slurmagent.supervise.state import SweepState, TaskRecord
@@ -242,8 +243,10 @@ def make_executor(
 ) -> submitit.Executor:
     if backend == "slurm":
         wrapped = wrap(spec.env, job_binds(sweep_dir or folder, folder, spec), os.getcwd(), spec.resources.gpus)
-        # submitit's own default: the launcher's interpreter; in a container, the runtime's argv before the image's
-        python = shlex.join([*wrapped.prefix, wrapped.python]) if wrapped.python else None
+        # submitit's own default: the launcher's interpreter; in a container, the job's host side (this
+        # interpreter: it relays Slurm's commands through a socket in submitit's folder) and the runtime's argv
+        words = python_words(wrapped, sys.executable, str(folder.absolute()))
+        python = shlex.join(words) if words else None
         slurm_ex = SeamSlurmExecutor(folder, slurm or SlurmCLI(), spec.recovery.max_attempts, python)
         params = slurm_parameters(spec, launcher, array_size, job_name, comment, wrapped.srun_flags)
         slurm_ex.update_parameters(**params)

@@ -5,8 +5,10 @@ the job must see (`binds`: the sweep, its checkpoints, slurmagent's state) and w
 What crosses into the container, for every runtime: the directories bound at the same path
 (so every path the launcher wrote stays true inside), the variables Slurm, submitit and
 slurmagent set for the job and the torch.distributed ones, the GPUs the job was given; and
-the signals — apptainer's starter and podman's `--sig-proxy` (the default) hand each signal
-Slurm sends to the process inside, so requeue, stop and exact resume work unchanged."""
+the signals — for apptainer and podman the step's process is the host side (`python_words`,
+job/host.py), which hands each signal Slurm sends to the runtime, whose starter or
+`--sig-proxy` (the default) passes it to the process inside, and which runs Slurm's commands
+for the job inside (slurm/relay.py) — so requeue, stop and exact resume work unchanged."""
 
 from __future__ import annotations
 
@@ -68,6 +70,19 @@ def wrap(env: EnvConf, binds: Sequence[str], workdir: str, gpus: int) -> Wrapped
     argv += c.args
     argv += ["--rootfs", f"{c.image}:O"] if c.image.startswith("/") else [c.image]
     return Wrapped(argv, [], python)
+
+
+HOST_MODULE = "slurmagent.job.host"  # the host side of a job in apptainer or podman (job/host.py)
+
+
+def python_words(wrapped: Wrapped, host_python: str, relay_dir: str) -> list[str]:
+    """The words that start the job's Python: in an apptainer or podman container, the job's
+    host side first (`host_python -m slurmagent.job.host`: it runs Slurm's commands for the job
+    inside, through a socket in `relay_dir`, which must be bound), then the runtime's argv and
+    the image's Python; without one, env.python (empty when unset)."""
+    if not wrapped.prefix:
+        return [wrapped.python] if wrapped.python else []
+    return [host_python, "-u", "-m", HOST_MODULE, "--relay", relay_dir, "--", *wrapped.prefix, wrapped.python]
 
 
 def step_words(wrapped: Wrapped, words: Sequence[str]) -> list[str]:

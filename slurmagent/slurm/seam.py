@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slurmagent.errors import ConfigError, SlurmCommandError, SlurmUnavailableError, SubmissionRefused
+from slurmagent.slurm.relay import runner_from_env
 from slurmagent.syntax import expand_array_id
 
 ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr"})
@@ -93,7 +94,8 @@ class SlurmCLI:
     def __init__(
         self, runner: Runner | None = None, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
     ) -> None:
-        self._runner = runner or _default_runner
+        # in a container, the job's host side runs the commands (slurm/relay.py)
+        self._runner = runner or runner_from_env() or _default_runner
         self._timeout = timeout
         self._sleep = sleep
         self._config: dict[str, str] | None = None

@@ -137,7 +137,9 @@ def test_the_launchers_jobs_run_their_boot_in_the_image(tmp_path: Path) -> None:
     folder = tmp_path / "sweep" / ".submitit"
     ex = make_executor("slurm", folder, spec, LauncherConf(), 1, "job", sweep_dir=tmp_path / "sweep")  # type: ignore[arg-type]
     words = shlex.split(ex._boot_command("x"))  # type: ignore[attr-defined]
-    assert words[:2] == ["podman", "run"] and words[words.index("localhost/train:1") + 1 :][:4] == [
+    # the host side first (it relays Slurm's commands through a socket in submitit's folder), then the runtime
+    assert words[:7] == [sys.executable, "-u", "-m", "slurmagent.job.host", "--relay", str(folder), "--"]
+    assert words[7:9] == ["podman", "run"] and words[words.index("localhost/train:1") + 1 :][:4] == [
         "python",
         "-u",
         "-m",
@@ -162,7 +164,9 @@ def test_render_wraps_the_step_in_the_image(tmp_path: Path) -> None:
     )
     srun = next(line for line in out.script.read_text().splitlines() if line.startswith("srun "))
     words = shlex.split(srun)
-    assert words[:4] == ["srun", "--kill-on-bad-exit=1", "apptainer", "exec"]
+    host = [sys.executable, "-u", "-m", "slurmagent.job.host", "--relay", str(out.run_dir), "--"]
+    assert words[:9] == ["srun", "--kill-on-bad-exit=1", *host] and words[9:11] == ["apptainer", "exec"]
+    assert str(out.run_dir) in words[words.index("--bind") + 1].split(",")[0]  # the relay's folder is bound
     assert words[words.index(str(sif)) + 1 :][:3] == ["python", "-m", "slurmagent"]
     proc = subprocess.run(["bash", "-n", str(out.script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -222,7 +226,7 @@ def test_the_readmes_apptainer_site_renders_as_written(tmp_path: Path, project_r
     )
     srun = next(line for line in out.script.read_text().splitlines() if line.startswith("srun "))
     words = shlex.split(srun)
-    assert words[2:4] == ["apptainer", "exec"] and f"{data}:/data:ro" in words[words.index("--bind") + 1]
+    assert words[9:11] == ["apptainer", "exec"] and f"{data}:/data:ro" in words[words.index("--bind") + 1]
     assert words[words.index(str(sif)) + 1 : words.index(str(sif)) + 4] == ["python", "-m", "slurmagent"]
 
 
