@@ -15,6 +15,7 @@ One request per connection, one JSON line each way:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -99,7 +100,9 @@ class RelayServer:
             self._server.socket.bind(address)
         os.chmod(path, 0o600)  # the job's user only
         self._server.socket.listen(16)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="slurm-relay", daemon=True)
+        # shutdown() waits for the loop's next look at it: a tenth of a second at a job's end
+        serve = functools.partial(self._server.serve_forever, poll_interval=0.1)
+        self._thread = threading.Thread(target=serve, name="slurm-relay", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
