@@ -6,7 +6,9 @@ header, complete shards); a truncated or corrupt newest one is skipped for the p
 
 Formats: slurmagent's own (manifest.json + sha256), PyTorch .pt/.pth, Lightning .ckpt
 (incl. hpc_ckpt_N), safetensors, TensorFlow (`checkpoint` index + .index/.data-*), Keras
-.h5 and .keras, Orbax step directories, flax .msgpack.
+.h5 and .keras, Orbax step directories, flax .msgpack, Hugging Face `checkpoint-N` directories
+(their `trainer_state.json`), and a JSON file with a `step` (or `epoch`) field — the checkpoint
+a plain script in any language can write (docs/trainers.md).
 """
 
 from __future__ import annotations
@@ -235,6 +237,24 @@ def read_orbax(step_dir: Path) -> Candidate:
     return Candidate(str(step_dir), "orbax", step, source="manifest")
 
 
+HF_STATE = "trainer_state.json"  # a Hugging Face Trainer checkpoint-N directory's record of its step
+
+
+def read_json(path: Path) -> Candidate | None:
+    """A JSON checkpoint: a top-level object with a step (or epoch); a Hugging Face
+    `trainer_state.json` stands for its directory. None: JSON that is not a checkpoint."""
+    try:
+        obj = json.loads(path.read_text())
+    except ValueError as exc:
+        raise Invalid(f"not complete JSON: {exc}") from None
+    step, epoch = step_epoch(obj)
+    if step is None and epoch is None:
+        return None
+    if path.name == HF_STATE:
+        return Candidate(str(path.parent), "huggingface", step, epoch)
+    return Candidate(str(path), "json", step, epoch)
+
+
 def slurmagent_candidates(directory: Path) -> Iterator[Candidate]:
     """slurmagent's own checkpoints: step and sha256 from manifest.json."""
     from slurmagent.primitives.checkpoint import CheckpointManager
@@ -252,7 +272,8 @@ def slurmagent_candidates(directory: Path) -> Iterator[Candidate]:
         )
 
 
-SUFFIX_READERS: dict[str, Callable[[Path], Candidate]] = {
+SUFFIX_READERS: dict[str, Callable[[Path], Candidate | None]] = {
+    ".json": read_json,
     ".pt": read_torch,
     ".pth": read_torch,
     ".ckpt": read_torch,
@@ -265,13 +286,16 @@ SUFFIX_READERS: dict[str, Callable[[Path], Candidate]] = {
 }
 
 
-def _checked(reader: Callable[[Path], Candidate], path: Path, fmt: str) -> Candidate:
+def _checked(reader: Callable[[Path], Candidate | None], path: Path, fmt: str) -> list[Candidate]:
+    """[the reader's candidate], or [an invalid one saying why it did not read]; [] when the
+    file is not a checkpoint."""
     try:
-        return reader(path)
+        found = reader(path)
     except Invalid as exc:
-        return Candidate(str(path), fmt, _name_number(path), source="name", valid=False, problem=str(exc))
+        return [Candidate(str(path), fmt, _name_number(path), source="name", valid=False, problem=str(exc))]
     except OSError as exc:
-        return Candidate(str(path), fmt, None, valid=False, problem=str(exc))
+        return [Candidate(str(path), fmt, None, valid=False, problem=str(exc))]
+    return [found] if found is not None else []
 
 
 def scan(root: Path) -> list[Candidate]:
@@ -286,7 +310,7 @@ def scan(root: Path) -> list[Candidate]:
     for path in sorted(root.rglob("*")):
         if path.is_dir():
             if path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists():
-                found.append(_checked(read_orbax, path, "orbax"))
+                found += _checked(read_orbax, path, "orbax")
             elif path.name.split(".")[0].isdigit() and ".orbax-checkpoint-tmp" in path.name:
                 found.append(
                     Candidate(
@@ -299,16 +323,16 @@ def scan(root: Path) -> list[Candidate]:
                     )
                 )
             continue
-        if str(path) in managed or path.name.startswith("."):
+        if str(path) in managed or path.name.startswith(".") or path.name == "manifest.json":
             continue
         if path.suffix == ".index" or ".data-" in path.name:
             tf_prefixes.add(path.with_name(path.name.split(".index")[0].split(".data-")[0]))
             continue
         reader = SUFFIX_READERS.get(path.suffix)
         if reader is not None:
-            found.append(_checked(reader, path, path.suffix.lstrip(".")))
+            found += _checked(reader, path, path.suffix.lstrip("."))
     for prefix in sorted(tf_prefixes):
-        found.append(_checked(read_tf, prefix, "tensorflow"))
+        found += _checked(read_tf, prefix, "tensorflow")
     return found
 
 

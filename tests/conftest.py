@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,37 @@ def chain_digest(steps: int) -> str:
     for step in range(steps):
         d = hashlib.sha256(f"{d}:{step}".encode()).hexdigest()
     return d
+
+
+def readme_example(first_line: str) -> str:
+    """The README's code block that begins with `first_line` (its plain-script examples), as written."""
+    text = (ROOT / "README.md").read_text()
+    found = [b for b in re.findall(r"^```[^\n`]*\n(.*?)^```", text, flags=re.S | re.M) if b.startswith(first_line)]
+    assert len(found) == 1, f"README.md has {len(found)} code blocks starting {first_line!r}"
+    return found[0]
+
+
+def venv_on_path(base: dict[str, str]) -> dict[str, str]:
+    """A user's shell with this virtualenv activated: `python` on PATH is the one with torch (a
+    `task.command=[python,…]` runs what PATH finds, as it would for them)."""
+    return dict(base, PATH=f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}")
+
+
+def run_uninterrupted(program: Path, work: Path, *args: str) -> dict[str, Any]:
+    """A plain-script program's result.json when run once, start to end, by hand: the protocol's
+    variables pointing at fresh directories, no signal, no slurmagent."""
+    out, ckpt = work / "out", work / "ckpt"
+    out.mkdir(parents=True)
+    ckpt.mkdir()
+    env = dict(
+        os.environ,
+        SLURMAGENT_OUTPUT_DIR=str(out),
+        SLURMAGENT_CHECKPOINT_DIR=str(ckpt),
+        SLURMAGENT_METRICS=str(out / "metrics.jsonl"),
+        SLURMAGENT_REQUEUE_EXIT="75",
+    )
+    subprocess.run([sys.executable, str(program), *args], env=env, check=True, timeout=300)
+    return json.loads((out / "result.json").read_text())  # type: ignore[no-any-return]
 
 
 def audit_records(path: Path, retention: bool = False) -> list[dict[str, Any]]:

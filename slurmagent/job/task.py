@@ -12,11 +12,9 @@ signals forwarded to it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -27,10 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from slurmagent.config import HPO_STOP_AT, JobSpec, job_spec, resolve_target, spec_dict
-from slurmagent.errors import ConfigError, TaskFailedError
+from slurmagent.errors import ConfigError
 from slurmagent.job.boot import hold_stop_signals, release_stop_signals
+from slurmagent.job.command import run_command
 from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
-from slurmagent.primitives.env import JobEnv, TaskFile, check_checkpoint_dir, task_checkpoint_dir
+from slurmagent.primitives.env import JobEnv, check_checkpoint_dir, task_checkpoint_dir
 from slurmagent.primitives.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.distributed import rendezvous_env
@@ -165,48 +164,3 @@ def wrap_user_task(task_function: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return run_in_job(cfg, lambda _spec, _ctx: task_function(cfg), require_task=False)
 
     return job
-
-
-FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT, signal.SIGINT)
-
-
-def run_command(argv: list[str], ctx: JobContext) -> Any:
-    """Run `argv` (no shell) with the context in its environment, forwarding signals.
-
-    A child that writes `$SLURMAGENT_OUTPUT_DIR/result.json` returns that value; a non-zero
-    exit is a TaskFailedError naming the code and the last lines of its stderr. Once it has
-    ended, its host-memory peak (getrusage of the children, with this process's own) goes into
-    the task's progress.json for the job history.
-    """
-    ctx.output_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **ctx.to_env())
-    err_path = ctx.output_dir / TaskFile.COMMAND_STDERR
-    started: list[subprocess.Popen[bytes]] = []
-    early: list[int] = []  # signals that came before the child existed: forwarded once it does
-
-    def forward(signum: int, _frame: Any) -> None:
-        if started:
-            started[0].send_signal(signum)
-        else:
-            early.append(signum)
-
-    previous: dict[int, Any] = {sig: signal.signal(sig, forward) for sig in FORWARDED}
-    release_stop_signals()  # held since the process started (job/boot.py): now they are forwarded
-    try:
-        with open(err_path, "ab") as err:
-            started.append(subprocess.Popen(argv, env=env, stderr=err, cwd=ctx.output_dir))
-        for signum in early:
-            started[0].send_signal(signum)
-        code = started[0].wait()
-    finally:
-        restore_handlers(previous)
-    if ctx.rank == 0:
-        record_host_peak(ctx.output_dir)
-    if code != 0:
-        tail = err_path.read_text(errors="replace").splitlines()[-10:]
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-        raise TaskFailedError(f"command {argv[0]!r} {how}; last stderr lines:\n" + "\n".join(tail))
-    result_file = ctx.output_dir / "result.json"
-    if result_file.exists():
-        return json.loads(result_file.read_text())
-    return None

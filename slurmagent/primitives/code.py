@@ -47,12 +47,17 @@ def snapshot_json(snapshot: CodeSnapshot) -> bytes:
     return json.dumps(asdict(snapshot), indent=1).encode()
 
 
+def snapshot_root(sweep_dir: str | Path, snapshot: CodeSnapshot) -> Path:
+    """The sweep's copy of the launcher's directory."""
+    return files_dir(sweep_dir) / snapshot.subdir
+
+
 def import_from_snapshot(sweep_dir: str | Path) -> Path | None:
     """In a job: the sweep's copy of the launcher's directory first on sys.path (before the
     directory the job runs in), when the sweep has a snapshot. Where it imports from."""
     snapshot = read_snapshot(sweep_dir)
     if snapshot is None:
         return None
-    where = files_dir(sweep_dir) / snapshot.subdir
+    where = snapshot_root(sweep_dir, snapshot)
     sys.path.insert(0, str(where))
     return where

@@ -12,7 +12,15 @@ from pathlib import Path
 
 from slurmagent.errors import ConfigError
 
-__all__ = ["JobEnv", "Progress", "TaskFile", "check_checkpoint_dir", "slurm_job_id", "task_checkpoint_dir"]
+__all__ = [
+    "REQUEUE_EXIT_CODE",
+    "JobEnv",
+    "Progress",
+    "TaskFile",
+    "check_checkpoint_dir",
+    "slurm_job_id",
+    "task_checkpoint_dir",
+]
 
 
 class JobEnv(StrEnum):
@@ -27,6 +35,15 @@ class JobEnv(StrEnum):
     CHECKPOINT = "SLURMAGENT_CHECKPOINT"  # JSON: the checkpoint policy (checkpoint.*), StepLoop's default
     HEALTH = "SLURMAGENT_HEALTH"  # JSON: runtime health checks (health.*)
     STOP_AT = "SLURMAGENT_STOP_AT"  # a search trial's rung, in fidelity units (hpo.stop_at); unset: to the end
+    # the plain-script protocol (a task.command child; docs/trainers.md):
+    RESUME_FROM = "SLURMAGENT_RESUME_FROM"  # the newest valid checkpoint under CHECKPOINT_DIR; unset: none yet
+    METRICS = "SLURMAGENT_METRICS"  # the task's metrics.jsonl: append one JSON object a line, {"step": …, name: value}
+    REQUEUE_EXIT = "SLURMAGENT_REQUEUE_EXIT"  # the exit code meaning "saved: run me again" (REQUEUE_EXIT_CODE)
+
+
+# A task.command program that saved its state at a stop signal exits with this code (sysexits.h's
+# EX_TEMPFAIL, "a temporary failure: retry"): the job requeues it, and its next run resumes.
+REQUEUE_EXIT_CODE = 75
 
 
 class TaskFile(StrEnum):

@@ -93,7 +93,7 @@ def host_memory_peak_mb() -> float:
     return float(own + children) / 1024  # Linux: KiB
 
 
-def _write_progress(path: Path, body: dict[str, Any]) -> None:
+def write_progress(path: Path, body: dict[str, Any]) -> None:
     """progress.json, atomically (a temp file renamed over it), without fsync; errors ignored."""
     tmp = path.with_name(f".{TaskFile.PROGRESS}.{os.getpid()}")
     try:
@@ -121,7 +121,7 @@ def record_host_peak(output_dir: Path) -> None:
         had = 0.0
     body[Progress.HOST_MEM_PEAK_MB] = round(max(had, host_memory_peak_mb()), 1)
     body.setdefault("time", time.time())
-    _write_progress(path, body)
+    write_progress(path, body)
 
 
 def _distributed() -> Any:
@@ -414,7 +414,7 @@ class StepLoop:
             body[Progress.GPU_MEM_PEAK_MB] = round(peak, 1)
         if self.save_cost_estimate > 0:
             body[Progress.CHECKPOINT_S] = round(self.save_cost_estimate, 3)
-        _write_progress(self.ctx.output_dir / TaskFile.PROGRESS, body)
+        write_progress(self.ctx.output_dir / TaskFile.PROGRESS, body)
 
     def _due(self, done: int) -> bool:
         if self.conf.every_steps and done % self.conf.every_steps == 0:
