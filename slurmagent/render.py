@@ -142,7 +142,7 @@ def render(
             mode=mode,
             job_name=name,
             flags=flags,
-            stop_flags=stop_flags(spec.recovery, batch_shell=(mode == "command")),
+            stop_flags=stop_flags(spec.recovery, to_batch_script=(mode == "command")),
             output=output_line,
             run_dir=str(run_dir),
             env=_job_env(mode, spec, ckpt),

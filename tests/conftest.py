@@ -39,6 +39,8 @@ os.environ.setdefault("SLURMAGENT_STATE_DIR", tempfile.mkdtemp(prefix="slurmagen
 # process scan here, first, as it does.
 from hydra.core.plugins import Plugins  # noqa: E402
 
+from slurmagent.primitives.env import REQUEUE_EXIT_CODE  # noqa: E402
+
 Plugins.instance()
 
 
@@ -76,7 +78,7 @@ def run_uninterrupted(program: Path, work: Path, *args: str) -> dict[str, Any]:
         SLURMAGENT_OUTPUT_DIR=str(out),
         SLURMAGENT_CHECKPOINT_DIR=str(ckpt),
         SLURMAGENT_METRICS=str(out / "metrics.jsonl"),
-        SLURMAGENT_REQUEUE_EXIT="75",
+        SLURMAGENT_REQUEUE_EXIT=str(REQUEUE_EXIT_CODE),
     )
     subprocess.run([sys.executable, str(program), *args], env=env, check=True, timeout=300)
     return json.loads((out / "result.json").read_text())  # type: ignore[no-any-return]

@@ -67,7 +67,7 @@ def slurm_parameters(
     marks the job for finding it again (supervise/submission.py) unless the user set one."""
     params: dict[str, Any] = {"job_name": job_name}
     # job steps (srun) get the signal: submitit runs the task under srun
-    stop = stop_flags(spec.recovery, batch_shell=False)
+    stop = stop_flags(spec.recovery, to_batch_script=False)
     additional: dict[str, Any] = {flag: True if value is None else value for flag, value in stop.items()}
     for flag, value in sbatch_flags(spec.resources).items():
         key = flag.replace("-", "_")

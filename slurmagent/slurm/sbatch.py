@@ -177,17 +177,18 @@ def requeue_flag(recovery: RecoveryConf) -> str:
     return "requeue" if recovery.requeue else "no-requeue"
 
 
-def signal_flag(recovery: RecoveryConf, batch_shell: bool) -> str:
-    """--signal value: `B:` sends it to the batch shell only; without, to the job steps."""
-    prefix = "B:" if batch_shell else ""
+def signal_flag(recovery: RecoveryConf, to_batch_script: bool) -> str:
+    """--signal value: `B:` sends it to the batch script's own process only (the supervisor job);
+    without, to the job steps."""
+    prefix = "B:" if to_batch_script else ""
     return f"{prefix}{recovery.signal}@{recovery.signal_delay_s}"
 
 
-def stop_flags(recovery: RecoveryConf, batch_shell: bool) -> dict[str, str | None]:
+def stop_flags(recovery: RecoveryConf, to_batch_script: bool) -> dict[str, str | None]:
     """The flags every task's job carries, whoever writes its script (the launcher through
     submitit, `render`): requeued by Slurm or not, every run's log appended to the same file,
     the stop signal ahead of the time limit. A flag without a value maps to None."""
-    return {requeue_flag(recovery): None, "open-mode": "append", "signal": signal_flag(recovery, batch_shell)}
+    return {requeue_flag(recovery): None, "open-mode": "append", "signal": signal_flag(recovery, to_batch_script)}
 
 
 def env_lines(env: EnvConf) -> list[str]:

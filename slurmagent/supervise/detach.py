@@ -86,7 +86,7 @@ def supervisor_script(state: SweepState, conf: LauncherConf, account: str | None
     flags = {
         "job-name": safe_job_name(f"{state.job_name or 'sweep'}-supervisor"),
         "output": log_path,
-        **stop_flags(own, batch_shell=True),
+        **stop_flags(own, to_batch_script=True),
         **sbatch_flags(supervisor_resources(conf, account)),
     }
     lines = ["#!/bin/bash", "# the supervisor of a detached slurmagent sweep (slurmagent/supervise/detach.py)"]

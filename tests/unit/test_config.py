@@ -118,8 +118,8 @@ def test_extra_flags_refused_when_unknown_or_owned() -> None:
 def test_signal_flag_forms() -> None:
     from slurmagent.config import RecoveryConf
 
-    assert signal_flag(RecoveryConf(signal="USR2", signal_delay_s=90), batch_shell=True) == "B:USR2@90"
-    assert signal_flag(RecoveryConf(signal="USR2", signal_delay_s=90), batch_shell=False) == "USR2@90"
+    assert signal_flag(RecoveryConf(signal="USR2", signal_delay_s=90), to_batch_script=True) == "B:USR2@90"
+    assert signal_flag(RecoveryConf(signal="USR2", signal_delay_s=90), to_batch_script=False) == "USR2@90"
 
 
 # -- every numeric key of the typed groups: nan, inf, -inf, negative, huge --------------------------

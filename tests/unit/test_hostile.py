@@ -262,7 +262,7 @@ def test_no_shell_in_the_package() -> None:
     assert found == {}
     # and the words themselves, which a call through getattr or a string would still need
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in files}
-    # (`shell=True` as its own word: `batch_shell=True`, sbatch's --signal=B:, is not a shell)
+    # (`shell=True` as its own word)
     words = re.compile(r"(?<![\w.])shell\s*=\s*True|\bos\.system\b")
     assert [name for name, text in texts.items() if words.search(text)] == []
 
