@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -59,6 +60,13 @@ def readme_example(first_line: str) -> str:
     found = [b for b in re.findall(r"^```[^\n`]*\n(.*?)^```", text, flags=re.S | re.M) if b.startswith(first_line)]
     assert len(found) == 1, f"README.md has {len(found)} code blocks starting {first_line!r}"
     return found[0]
+
+
+def readme_named(name: str) -> tuple[str, str]:
+    """A README block whose info string names it: ```python mytrain.py → (python, text), as written."""
+    found = re.findall(rf"```(\w+) {re.escape(name)}\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    assert len(found) == 1, f"README needs exactly one block named {name}"
+    return found[0]  # type: ignore[no-any-return]
 
 
 def venv_on_path(base: dict[str, str]) -> dict[str, str]:
@@ -197,6 +205,22 @@ def own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def no_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hide the test cluster: Slurm commands then find no config and fail, as on a laptop."""
     monkeypatch.delenv("SLURM_CONF", raising=False)
+
+
+@pytest.fixture()
+def task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A task directory as a job's environment names it, for a trainer run here with no job wrapper
+    around it (the trainer integrations' unit tests): no Slurm or slurmagent variable from this
+    shell; the stop signals' default handlers put back afterwards."""
+    out = tmp_path / "task"
+    for var in list(os.environ):
+        if var.startswith(("SLURM", "SLURMAGENT_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("SLURMAGENT_OUTPUT_DIR", str(out))
+    monkeypatch.setenv("PL_DISABLE_FORK", "1")
+    yield out
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 @pytest.fixture()

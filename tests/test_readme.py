@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import readme_named
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -62,21 +64,14 @@ def test_first_command_runs_the_sweep_locally(tmp_path: Path) -> None:
     assert all(t["result"]["val_acc"] > 0.8 for t in data["tasks"])
 
 
-def named(name: str) -> tuple[str, str]:
-    """A README block whose info string names it: ```python mytrain.py → (python, text)."""
-    found = re.findall(rf"```(\w+) {re.escape(name)}\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(found) == 1, f"README needs exactly one block named {name}"
-    return found[0]  # type: ignore[no-any-return]
-
-
 def test_your_own_code_runs_as_the_readme_shows(tmp_path: Path) -> None:
     """The README's own-code example, files and command exactly as written, in a fresh project
     directory: a 4-task sweep of the user's module and experiment, on the local backend."""
     project = tmp_path / "myproject"
     for name in ("mytrain.py", "conf/experiment/mine.yaml"):
         (project / name).parent.mkdir(parents=True, exist_ok=True)
-        (project / name).write_text(named(name)[1])
-    (command,) = named("run-mine")[1].strip().splitlines()
+        (project / name).write_text(readme_named(name)[1])
+    (command,) = readme_named("run-mine")[1].strip().splitlines()
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "slurmagent"]
     sweep = tmp_path / "sweep"

@@ -172,6 +172,22 @@ def _rank0_object(value: Any) -> Any:
     return box[0]
 
 
+def intervene(adapt: Controller, approve: Approver | None, writer: bool) -> None:
+    """Some rank's controller wants an intervention at this boundary (a collective: every rank
+    calls it): rank 0's proposal is asked of the gate (which runs the change when it allows it),
+    every rank applies the answer. StepLoop and the trainer integrations call it alike."""
+    proposal = _rank0_object(adapt.pending)
+    approval: Approval | None = None
+    if proposal is not None:
+        if writer:
+            approval = adapt.request(proposal, approve)
+        granted = _from_rank0(approval is not None and approval.granted)
+        if approval is None:  # another rank: rank 0 asked, and ran the change there
+            result = adapt.apply(proposal) if granted else {}
+            approval = Approval(granted, "allow" if granted else "not granted", "rank 0 asked the gate", result)
+    adapt.settle(proposal, approval)
+
+
 def _gather_rank_states(state: Any) -> list[dict[str, Any]] | None:
     """Every rank's own part (PerRank.rank_state), on rank 0 (a collective: all ranks call it)."""
     dist = _distributed()
@@ -370,21 +386,6 @@ class StepLoop:
             return None
         return self.adapt.observe(self.step, grad_norm, loss)
 
-    def _intervene(self) -> None:
-        """Some rank's controller wants an intervention at this boundary: rank 0's proposal is
-        asked of the gate (which runs the change when it allows it), every rank applies the answer."""
-        assert self.adapt is not None
-        proposal = _rank0_object(self.adapt.pending)
-        approval: Approval | None = None
-        if proposal is not None:
-            if self.is_writer:
-                approval = self.adapt.request(proposal, self.ctx.approve)
-            granted = _from_rank0(approval is not None and approval.granted)
-            if approval is None:  # another rank: rank 0 asked, and ran the change there
-                result = self.adapt.apply(proposal) if granted else {}
-                approval = Approval(granted, "allow" if granted else "not granted", "rank 0 asked the gate", result)
-        self.adapt.settle(proposal, approval)
-
     PROGRESS_EVERY_S = 1.0  # progress.json is rewritten at most this often
 
     def _progress(self, force: bool = False) -> None:
@@ -444,7 +445,8 @@ class StepLoop:
                 due = done < self.end_step and self._due(done)
                 stop, sick, due, wants = agree(self.flag.set, sick, due, wants)
                 if wants:  # before any save at this boundary: the checkpoint holds the intervention
-                    self._intervene()
+                    assert self.adapt is not None
+                    intervene(self.adapt, self.ctx.approve, self.is_writer)
                 if self.adapt is not None:
                     self.adapt.after_step(done)
                 if sick:  # a rank's node is CRITICAL: every rank checkpoints and stops for requeue

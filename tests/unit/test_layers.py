@@ -33,6 +33,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("slurmagent.skills",),
     ("slurmagent.runtime",),
     ("slurmagent.job",),
+    # other trainers' loops given the job's protocol (Lightning, Hugging Face): user-facing, in the job
+    ("slurmagent.integrations",),
     ("slurmagent.supervise",),
     ("slurmagent.launch",),
     ("slurmagent.examples",),
