@@ -14,6 +14,7 @@ a plain script in any language can write (docs/trainers.md).
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import re
 import struct
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from slurmagent.skills._base import SkillResult, Status, TypedSkill
+
+log = logging.getLogger(__name__)
 
 STEP_KEYS = ("global_step", "step", "iteration", "iterations", "train_step", "steps")
 EPOCH_KEYS = ("epoch", "epochs")
@@ -342,6 +345,22 @@ def newest_valid(candidates: list[Candidate]) -> tuple[Candidate | None, list[Ca
     valid = [c for c in candidates if c.valid]
     invalid = sorted((c for c in candidates if not c.valid), key=lambda c: c.order, reverse=True)
     return (max(valid, key=lambda c: c.order) if valid else None), invalid
+
+
+def newest_checkpoint(directory: Path) -> tuple[str, int | None] | None:
+    """(path, step) of the newest valid checkpoint under `directory`, any format this skill knows;
+    None when there is none (or the directory does not exist). What a plain script is handed as
+    `$SLURMAGENT_RESUME_FROM` (job/command.py) and what a trainer integration resumes from."""
+    if not directory.is_dir():
+        return None
+    try:
+        best, skipped = newest_valid(scan(directory))
+    except ImportError as exc:  # a format's library missing here (torch for .pt): say so, resume from nothing
+        log.warning("cannot read the checkpoints under %s: %s; the program starts without RESUME_FROM", directory, exc)
+        return None
+    for bad in skipped:
+        log.warning("checkpoint %s skipped: %s", bad.path, bad.problem)
+    return (best.path, best.step if best.step is not None else best.epoch) if best is not None else None
 
 
 @dataclass(frozen=True)

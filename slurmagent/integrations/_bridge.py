@@ -37,6 +37,7 @@ from slurmagent.runtime.loop import (
     keep_last_pruner,
     write_progress,
 )
+from slurmagent.skills.auto_resume import newest_checkpoint
 
 if TYPE_CHECKING:
     from slurmagent.runtime.adapt import Controller
@@ -152,8 +153,6 @@ class Bridge:
         handed = os.environ.get(JobEnv.RESUME_FROM)
         if handed and self.child and directory is None:
             return handed if self.accept(Path(handed)) else None
-        from slurmagent.job.command import newest_checkpoint
-
         found = newest_checkpoint(directory or self.checkpoint_dir)
         return found[0] if found is not None and self.accept(Path(found[0])) else None
 
@@ -222,12 +221,17 @@ class Bridge:
             prune(entry, lambda old=old: delete(old))  # type: ignore[misc]
 
     # -- the stop -------------------------------------------------------------------------
-    def stop(self, step: int, path: Path) -> NoReturn:
-        """The run saved its stop checkpoint at `path`: end it for a requeue — the job's stop path
-        in-process, the requeue exit code in a child."""
+    def stop(self, step: int, path: Path | None) -> NoReturn:
+        """The run saved its stop checkpoint at `path` (None: stopped before its first step, nothing new
+        to save): end it for a requeue — the job's stop path in-process, the requeue exit code in a child."""
         signum = int(self.flag.signum or 0)
         self.close()
-        log.warning("signal %s: stop checkpoint at step %d: %s; stopping for requeue", signum, step, path)
+        saved = (
+            f"stop checkpoint at step {step}: {path}"
+            if path is not None
+            else f"stopped at step {step}, before training"
+        )
+        log.warning("signal %s: %s; stopping for requeue", signum, saved)
         if self.child:
             raise SystemExit(int(os.environ.get(JobEnv.REQUEUE_EXIT) or REQUEUE_EXIT_CODE))
         raise StopForRequeue(signum, step, tuple(self.flag.history))

@@ -150,6 +150,9 @@ class Slurmagent(TrainerCallback):
                 f"from scratch; nothing was trained"
             )
         self._previous = install_handlers(self.bridge.flag, self.bridge.signals)
+        if self.bridge.should_stop():  # a stop before the first step (while the job imported): nothing new to save
+            self._end()
+            self.bridge.stop(state.global_step, None)
         self.bridge.started(state.global_step)
         if self.adapt is not None:
             controller = self.bridge.control(
@@ -311,6 +314,8 @@ class AcceleratedRun:
             if controller is not None:
                 controller.load_state_dict(saved.get("adapt"))
                 controller.resumed(self.step_count)
+        if self.bridge.should_stop():  # a stop before the first step (while the job imported): nothing new to save
+            self.bridge.stop(self.step_count, None)
         self.bridge.started(self.step_count)
         return self.step_count
 

@@ -133,6 +133,8 @@ class Slurmagent(Callback):
         # Lightning has just put its SIGTERM handler (it ends the fit without a checkpoint) in front of
         # ours: the stop signals are ours for the fit; its teardown puts back what was there before
         self.bridge.take_signals()
+        if self.bridge.should_stop():  # a stop before the first step (while the job imported): nothing new to save
+            self.bridge.stop(trainer.global_step, None)
         self.bridge.started(trainer.global_step)
         if self.adapt is not None:
             schedulers = trainer.lr_scheduler_configs

@@ -36,29 +36,13 @@ from slurmagent.primitives.env import REQUEUE_EXIT_CODE, JobEnv, TaskFile
 from slurmagent.primitives.signals import restore_handlers
 from slurmagent.runtime.context import JobContext
 from slurmagent.runtime.loop import StopForRequeue, record_host_peak, write_progress
+from slurmagent.skills.auto_resume import newest_checkpoint
 
 log = logging.getLogger(__name__)
 
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT, signal.SIGINT)
 PROGRESS_EVERY_S = 1.0  # the metrics file is read for progress at most this often
 RESULT_FILE = "result.json"
-
-
-def newest_checkpoint(directory: Path) -> tuple[str, int | None] | None:
-    """(path, step) of the newest valid checkpoint under `directory`, any format `auto_resume`
-    knows; None when there is none (or the directory does not exist)."""
-    if not directory.is_dir():
-        return None
-    from slurmagent.skills.auto_resume import newest_valid, scan
-
-    try:
-        best, skipped = newest_valid(scan(directory))
-    except ImportError as exc:  # a format's library missing here (torch for .pt): say so, resume from nothing
-        log.warning("cannot read the checkpoints under %s: %s; the program starts without RESUME_FROM", directory, exc)
-        return None
-    for bad in skipped:
-        log.warning("checkpoint %s skipped: %s", bad.path, bad.problem)
-    return (best.path, best.step if best.step is not None else best.epoch) if best is not None else None
 
 
 def protocol_env(ctx: JobContext, resume: tuple[str, int | None] | None) -> dict[str, str]:

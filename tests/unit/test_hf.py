@@ -151,6 +151,25 @@ def test_a_stop_in_an_epochs_last_step_waits_for_its_evaluation(task: Path) -> N
     assert [r["epoch"] for r in rows(task) if "epoch" in r] == [1, 2, 3]
 
 
+class SignalAtInit(TrainerCallback):
+    """A stop signal before the first step (Slurm's warning while the job still set up)."""
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+
+def test_a_stop_before_the_first_step_ends_the_run_with_nothing_saved(task: Path) -> None:
+    sa = Slurmagent()
+    args = TrainingArguments(
+        output_dir=sa.output_dir, report_to=[], use_cpu=True, disable_tqdm=True, save_strategy="no"
+    )
+    trainer = Trainer(model=bert(), args=args, train_dataset=Tokens(32, 0), callbacks=[sa, SignalAtInit()])
+    with pytest.raises(SystemExit) as stopped:
+        trainer.train(resume_from_checkpoint=sa.resume_from)
+    assert stopped.value.code == REQUEUE_EXIT_CODE and trainer.state.global_step == 0
+    assert not (task / "checkpoints").exists() or not list((task / "checkpoints").iterdir())
+
+
 def test_a_train_without_the_checkpoint_is_refused(task: Path) -> None:
     with pytest.raises(SystemExit):
         train(stop_at_step=5)

@@ -32,9 +32,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("slurmagent.recovery", "slurmagent.hpo", "slurmagent.schedule"),
     ("slurmagent.skills",),
     ("slurmagent.runtime",),
-    ("slurmagent.job",),
-    # other trainers' loops given the job's protocol (Lightning, Hugging Face): user-facing, in the job
+    # other trainers' loops given the job's protocol (Lightning, Hugging Face): what training code
+    # uses, like runtime/, which they build on
     ("slurmagent.integrations",),
+    ("slurmagent.job",),
     ("slurmagent.supervise",),
     ("slurmagent.launch",),
     ("slurmagent.examples",),

@@ -80,6 +80,7 @@ def fit(
     data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
     train, val = torch.utils.data.random_split(data, [256, 64], generator=torch.Generator().manual_seed(0))
     model = Net(explode_at=kw.pop("explode_at", -1))
+    loader = kw.pop("loader", StatefulDataLoader)
     sa = Slurmagent(**kw)
     trainer = pl.Trainer(
         max_epochs=epochs,
@@ -94,8 +95,8 @@ def fit(
     )
     trainer.fit(
         model,
-        StatefulDataLoader(train, batch_size=16, shuffle=True),
-        StatefulDataLoader(val, batch_size=64),
+        loader(train, batch_size=16, shuffle=True),
+        loader(val, batch_size=64),
         ckpt_path=sa.resume_from,
     )
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy().tobytes()
@@ -124,6 +125,21 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_the_next_run_resumes_bit_i
     assert all("val_loss" not in r for r in rows(task) if "epoch" not in r and "loss" in r)  # no stale values
 
 
+def test_with_a_plain_dataloader_no_step_is_redone_but_the_resumed_epoch_draws_other_batches(task: Path) -> None:
+    """The documented difference (docs/trainers.md): a DataLoader that cannot save its place lets
+    Lightning finish the epoch's remaining steps from a fresh iterator — each step once, the
+    epochs' lines in order, but not the batches an uninterrupted run would have seen."""
+    reference, _, _ = fit(loader=torch.utils.data.DataLoader)
+    os.rename(task, task.with_name("reference"))
+    with pytest.raises(SystemExit):
+        fit(callbacks=(SignalAt(21),), loader=torch.utils.data.DataLoader)
+    resumed, _, _ = fit(loader=torch.utils.data.DataLoader)
+    steps = [r["step"] for r in rows(task) if "epoch" not in r and "loss" in r]
+    assert steps == list(range(1, 3 * STEPS_PER_EPOCH + 1))  # steps redone: 0
+    assert [r["epoch"] for r in rows(task) if "epoch" in r] == [1, 2, 3]
+    assert resumed != reference  # StatefulDataLoader (the test above) makes it exact
+
+
 def test_a_stop_at_an_epoch_end_resumes_bit_identically(task: Path) -> None:
     reference, _, _ = fit()
     os.rename(task, task.with_name("reference"))
@@ -132,6 +148,21 @@ def test_a_stop_at_an_epoch_end_resumes_bit_identically(task: Path) -> None:
     (saved,) = (task / "checkpoints").iterdir()
     assert saved.name == f"{PREFIX}{STEPS_PER_EPOCH:08d}.ckpt"
     assert fit()[0] == reference
+
+
+class SignalAtFitStart(pl.Callback):
+    """A stop signal before the first step (Slurm's warning while the job still imported)."""
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+
+def test_a_stop_before_the_first_step_ends_the_run_with_nothing_saved(task: Path) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        fit(callbacks=(SignalAtFitStart(),))
+    assert stopped.value.code == REQUEUE_EXIT_CODE
+    assert not (task / "checkpoints").exists() or not list((task / "checkpoints").iterdir())
+    assert not (task / "metrics.jsonl").exists()  # not one step trained
 
 
 def test_a_fit_without_ckpt_path_while_a_checkpoint_exists_is_refused(task: Path) -> None:

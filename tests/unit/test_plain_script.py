@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from slurmagent.errors import TaskFailedError
-from slurmagent.job.command import MetricsTail, newest_checkpoint, resolve_argv, run_command
+from slurmagent.job.command import MetricsTail, resolve_argv, run_command
 from slurmagent.primitives.env import REQUEUE_EXIT_CODE, TaskFile
 from slurmagent.runtime.context import context_from_env
 from slurmagent.runtime.loop import StopForRequeue
+from slurmagent.skills.auto_resume import newest_checkpoint
 from tests.conftest import readme_example
 
 # Waits for a signal (or counts to 1000), saves a JSON checkpoint, asks to be run again; a run
