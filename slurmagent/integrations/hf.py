@@ -38,7 +38,7 @@ Accelerate, a loop of one's own:
     run.resume()                                  # the newest checkpoint's state, if there is one
     for epoch in run.epochs(cfg.epochs):          # from the epoch the run stopped in
         for batch in run.batches(loader):         # the resumed epoch: its batches not yet seen
-            loss = ...; accelerator.backward(loss); optimizer.step(); scheduler.step(); optimizer.zero_grad()
+            optimizer.zero_grad(); loss = ...; accelerator.backward(loss); optimizer.step(); scheduler.step()
             run.step(loss=loss.item())            # metrics; at a stop: saves, ends for a requeue
         run.epoch_end(val_loss=evaluate(model))   # the epoch's line; at a search rung: saved, ends
 
@@ -309,8 +309,10 @@ class AcceleratedRun:
             self._resumed = True
             log.info("resumed from %s: step %d, epoch %d", folder, self.step_count, self.epoch + 1)
         if self.adapt is not None and model is not None and optimizer is not None:
-            total = 0
-            controller = self.bridge.control(self.adapt, model, optimizer, scheduler, total, self.writer)
+            # the controller acts on the objects Accelerate wraps (its optimizer and scheduler proxies)
+            optimizer = getattr(optimizer, "optimizer", optimizer)
+            scheduler = getattr(scheduler, "scheduler", scheduler)
+            controller = self.bridge.control(self.adapt, model, optimizer, scheduler, 0, self.writer)
             if controller is not None:
                 controller.load_state_dict(saved.get("adapt"))
                 controller.resumed(self.step_count)
@@ -359,7 +361,8 @@ class AcceleratedRun:
 
     def step(self, **metrics: float) -> None:
         """One optimizer step done: its metrics; at a stop signal the state is saved and the run ends
-        for a requeue (a collective in a multi-rank job: every rank calls it)."""
+        for a requeue (a collective in a multi-rank job: every rank calls it). Call it before the next
+        `zero_grad()`: the in-loop controller reads this step's gradients."""
         self.step_count += 1
         if self.bridge.controller is not None:
             self.bridge.controller.observe(self.step_count, None, metrics.get("loss"))

@@ -211,7 +211,7 @@ def test_the_in_loop_controller_sees_a_gradient_explosion_through_the_trainer(ta
 # -- Accelerate ------------------------------------------------------------------------------------
 
 
-def accelerate_loop(epochs: int = 3, stop_at_step: int | None = None) -> str:
+def accelerate_loop(epochs: int = 3, stop_at_step: int | None = None, adapt: Any = None, explode_at: int = -1) -> str:
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = bert()
@@ -219,17 +219,17 @@ def accelerate_loop(epochs: int = 3, stop_at_step: int | None = None) -> str:
     loader = torch.utils.data.DataLoader(Tokens(256, 0), batch_size=16, shuffle=True)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * STEPS_PER_EPOCH)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    run = AcceleratedRun(accelerator, steps_per_epoch=len(loader))
-    run.resume()
+    run = AcceleratedRun(accelerator, steps_per_epoch=len(loader), adapt=adapt)
+    run.resume(model, optimizer, scheduler)
     for _ in run.epochs(epochs):
         for batch in run.batches(loader):
             if stop_at_step is not None and run.step_count == stop_at_step:
                 os.kill(os.getpid(), signal.SIGUSR2)
-            loss = model(**batch).loss
+            optimizer.zero_grad()
+            loss = model(**batch).loss * (1e4 if 0 <= explode_at <= run.step_count else 1)
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()
-            optimizer.zero_grad()
             run.step(loss=loss.item())
         run.epoch_end(lr=scheduler.get_last_lr()[0])
     return digest(model)
@@ -254,3 +254,12 @@ def test_an_accelerate_search_rung_resumes_bit_identically(task: Path, monkeypat
     assert [p.name for p in (task / "checkpoints").iterdir()] == [f"{ACC_PREFIX}{STEPS_PER_EPOCH:08d}"]
     monkeypatch.setenv(JobEnv.STOP_AT, "3")
     assert accelerate_loop() == reference
+
+
+def test_the_in_loop_controller_acts_in_an_accelerate_loop(task: Path) -> None:
+    adapt = {"enabled": True, "explosion": {"enabled": True, "warmup": 5, "patience": 2, "factor": 10.0}}
+    accelerate_loop(epochs=1, adapt=adapt, explode_at=8)  # from step 8 the loss is 10,000× its level
+    records = [json.loads(line) for line in (task / "adapt.jsonl").read_text().splitlines()]
+    decays = [r for r in records if r["kind"] == "decay_lr"]
+    assert decays and decays[0]["decision"] == "local" and decays[0]["applied"], records
+    assert decays[0]["step"] >= 9
