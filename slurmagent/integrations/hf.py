@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -190,11 +189,12 @@ class Slurmagent(TrainerCallback):
             return  # a stop ended this epoch early: it has no line
         epoch = round(state.epoch)
         self._epoch_line = epoch  # written after the epoch's evaluation, if one follows (on_evaluate)
-        if self.bridge.should_stop():
+        final = state.global_step >= state.max_steps  # the run ends now: nothing to resume
+        if not final and self.bridge.should_stop():  # the same on every rank: all agree, or none asks
             self._stop_here(control)
         rung = self.bridge.ctx.stop_at
         if rung and epoch >= rung and not control.should_training_stop:
-            if epoch < math.ceil(args.num_train_epochs) and args.max_steps <= 0:
+            if not final:
                 control.should_save = True  # the rung: a promotion resumes from here
                 log.info(
                     "search rung reached: stopped after epoch %d of %s, checkpointed", epoch, args.num_train_epochs

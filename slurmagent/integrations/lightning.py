@@ -246,12 +246,13 @@ class Slurmagent(Callback):
         self.bridge.last.update(floats(trainer.callback_metrics))
         self.bridge.metrics(step, dict(self.bridge.last), writer, epoch=epoch)
         self.bridge.progress(step, self._total(trainer), writer, force=True)
-        if self.bridge.should_stop():
+        max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
+        final = 0 <= max_epochs <= epoch or 0 < trainer.max_steps <= step  # the fit ends now: nothing to resume
+        if not final and self.bridge.should_stop():  # the same on every rank: all agree, or none asks
             self._stop(trainer, at_epoch_end=True)
         rung = self.bridge.ctx.stop_at
         if rung and epoch >= rung and not trainer.should_stop:
-            max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
-            if max_epochs < 0 or epoch < max_epochs:
+            if not final:
                 self.save(trainer, at_epoch_end=True)  # the rung: a promotion resumes from here
                 log.info("search rung reached: stopped after epoch %d of %s, checkpointed", epoch, max_epochs)
             trainer.should_stop = True

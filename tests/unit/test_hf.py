@@ -170,6 +170,12 @@ def test_a_stop_before_the_first_step_ends_the_run_with_nothing_saved(task: Path
     assert not (task / "checkpoints").exists() or not list((task / "checkpoints").iterdir())
 
 
+def test_a_stop_in_the_last_step_lets_the_run_finish(task: Path) -> None:
+    train(stop_at_step=3 * STEPS_PER_EPOCH - 1)  # returns: no stop for requeue
+    assert not (task / "checkpoints").exists() or not list((task / "checkpoints").iterdir())  # nothing to resume
+    assert [r["epoch"] for r in rows(task) if "epoch" in r] == [1, 2, 3]
+
+
 def test_a_train_without_the_checkpoint_is_refused(task: Path) -> None:
     with pytest.raises(SystemExit):
         train(stop_at_step=5)

@@ -165,6 +165,12 @@ def test_a_stop_before_the_first_step_ends_the_run_with_nothing_saved(task: Path
     assert not (task / "metrics.jsonl").exists()  # not one step trained
 
 
+def test_a_stop_in_the_last_step_lets_the_fit_finish(task: Path) -> None:
+    fit(callbacks=(SignalAt(3 * STEPS_PER_EPOCH - 1),))  # returns: no stop for requeue
+    assert not (task / "checkpoints").exists() or not list((task / "checkpoints").iterdir())  # nothing to resume
+    assert [r["epoch"] for r in rows(task) if "epoch" in r] == [1, 2, 3]
+
+
 def test_a_fit_without_ckpt_path_while_a_checkpoint_exists_is_refused(task: Path) -> None:
     with pytest.raises(SystemExit):
         fit(callbacks=(SignalAt(5),))
