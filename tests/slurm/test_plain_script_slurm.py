@@ -2,7 +2,8 @@
 a directory of their own, the README's command (`task.target=null 'task.command=[…]'`), the
 default sweep dir and checkpoint dir, no `cluster=`, and a `scontrol requeue` mid-run. The
 Python example (torch, no slurmagent import) must end with the parameters an uninterrupted run
-of it ends with, bit for bit; both must do each step exactly once."""
+of it ends with, bit for bit, with its progress in `status` while it ran and its loss among the
+columns of `results`; both must do each step exactly once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_default_paths_slurm import POLL, finish, requeue, running_job, state, the_sweep
+from test_default_paths_slurm import POLL, cli, finish, requeue, running_job, state, the_sweep
+from trainer_cases import progress_in_status
 
 from tests.conftest import readme_example, run_uninterrupted, venv_on_path
 
@@ -45,6 +47,8 @@ def test_the_readme_plain_scripts_resume_exactly_after_scontrol_requeue(home: Pa
     sh = launch(sh_home, "# train.sh", "[sh,train.sh,12]")
     py_sweep, sh_sweep = the_sweep(py_home), the_sweep(sh_home)
     py_job, sh_job = running_job(py_sweep, 0, min_lines=40), running_job(sh_sweep, 0, min_lines=3)
+    progress = progress_in_status(py_home, py_sweep)  # the job turns the program's metrics lines into progress
+    assert progress["step"] >= 1 and "loss" in progress["metrics"], progress
     requeue(py_job)
     requeue(sh_job)
     for proc in (py, sh):
@@ -57,6 +61,8 @@ def test_the_readme_plain_scripts_resume_exactly_after_scontrol_requeue(home: Pa
     assert [r["step"] for r in steps_of(py_sweep)] == list(range(1, 201))  # none redone, none skipped
     saved = sorted(int(p.stem.removeprefix("step")) for p in (py_sweep / "0" / "checkpoints").glob("step*.pt"))
     assert saved and 40 <= saved[0] < 200, saved
+    table = cli(py_home, "results", str(py_sweep), "--csv").stdout.splitlines()
+    assert "loss" in table[0].split(","), table
 
     (task,) = state(sh_sweep)["tasks"]
     assert task["state"] == "COMPLETED" and task["attempts"][-1]["restarts"] >= 1, task
