@@ -347,14 +347,17 @@ def newest_valid(candidates: list[Candidate]) -> tuple[Candidate | None, list[Ca
     return (max(valid, key=lambda c: c.order) if valid else None), invalid
 
 
-def newest_checkpoint(directory: Path) -> tuple[str, int | None] | None:
-    """(path, step) of the newest valid checkpoint under `directory`, any format this skill knows;
-    None when there is none (or the directory does not exist). What a plain script is handed as
-    `$SLURMAGENT_RESUME_FROM` (job/command.py) and what a trainer integration resumes from."""
+def newest_checkpoint(directory: Path, accept: Callable[[Path], bool] | None = None) -> tuple[str, int | None] | None:
+    """(path, step) of the newest valid checkpoint under `directory`, any format this skill knows
+    (only those `accept` takes, when given: a trainer that reads one format falls back to an older
+    checkpoint of it, not to nothing); None when there is none (or the directory does not exist).
+    What a plain script is handed as `$SLURMAGENT_RESUME_FROM` (job/command.py) and what a trainer
+    integration resumes from."""
     if not directory.is_dir():
         return None
     try:
-        best, skipped = newest_valid(scan(directory))
+        found = scan(directory)
+        best, skipped = newest_valid([c for c in found if accept is None or accept(Path(c.path))])
     except ImportError as exc:  # a format's library missing here (torch for .pt): say so, resume from nothing
         log.warning("cannot read the checkpoints under %s: %s; the program starts without RESUME_FROM", directory, exc)
         return None

@@ -27,7 +27,7 @@ from slurmagent.config import AdaptConf, adapt_conf
 from slurmagent.files import fsync_dir
 from slurmagent.primitives.checkpoint import CheckpointEntry
 from slurmagent.primitives.env import REQUEUE_EXIT_CODE, JobEnv, Progress, TaskFile
-from slurmagent.primitives.signals import StopFlag, install_handlers, signal_number
+from slurmagent.primitives.signals import StopFlag, install_handlers, restore_handlers, signal_number
 from slurmagent.runtime import context as job_context
 from slurmagent.runtime.loop import (
     StopForRequeue,
@@ -124,6 +124,9 @@ class Bridge:
         self.child = self.ctx.signals is None  # a task.command child, or outside slurmagent
         self.flag = self.ctx.signals.flag if self.ctx.signals is not None else StopFlag()
         self.signals = [signal_number(s) for s in STOP_SIGNALS] + [signal.SIGCONT]
+        # what these signals did before the run (the job's handlers in-process, the defaults in a
+        # child): put back when training ends, so that a signal after it means what it meant before
+        self._outside: dict[int, Any] = {sig: signal.getsignal(sig) for sig in self.signals}
         if self.child:  # before the trainer exists: a library finds its requeue signal taken
             self.take_signals()
         self.keep_last = keep_last if keep_last is not None else self.ctx.checkpoint.keep_last
@@ -135,11 +138,16 @@ class Bridge:
         self._start_step = 0
         self._progress_at = 0.0
         self.last: dict[str, float] = {}  # the newest value of every metric logged
+        self.this_epoch: dict[str, float] = {}  # the newest value of each metric logged in the epoch in progress
 
     # -- the signals ----------------------------------------------------------------------
     def take_signals(self) -> None:
         """The stop signals set our flag (again: a library may have put its own handlers in front)."""
         install_handlers(self.flag, self.signals)
+
+    def release_signals(self) -> None:
+        """Training is over: the stop signals go back to what they did before the run."""
+        restore_handlers(self._outside)
 
     def should_stop(self) -> bool:
         """At a step boundary: a stop signal came, on any rank (a collective in a multi-rank job)."""
@@ -151,10 +159,10 @@ class Bridge:
         job handed a child (`$SLURMAGENT_RESUME_FROM`), else the newest in `directory` (default: the
         task's checkpoint directory) by the `auto_resume` skill."""
         handed = os.environ.get(JobEnv.RESUME_FROM)
-        if handed and self.child and directory is None:
-            return handed if self.accept(Path(handed)) else None
-        found = newest_checkpoint(directory or self.checkpoint_dir)
-        return found[0] if found is not None and self.accept(Path(found[0])) else None
+        if handed and self.child and directory is None and self.accept(Path(handed)):
+            return handed
+        found = newest_checkpoint(directory or self.checkpoint_dir, self.accept)  # the newest this trainer reads
+        return found[0] if found is not None else None
 
     # -- metrics and progress ---------------------------------------------------------------
     def started(self, step: int) -> None:
@@ -166,6 +174,8 @@ class Bridge:
         """One line of the task's metrics.jsonl (rank 0 writes): `{"step": …, **extra, **values}`;
         `extra` is `epoch=N` for an epoch's end, the line a search reads its objective from."""
         self.last.update(values)
+        if not extra:
+            self.this_epoch.update(values)
         if self.controller is not None and values and not extra:  # an epoch's line repeats what was logged
             self.controller.evaluate(step - 1, values)  # the controller counts from the step in flight (StepLoop's)
         if not writer:
@@ -175,6 +185,12 @@ class Bridge:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._metrics_file = open(path, "a", buffering=1)  # noqa: SIM115 - closed by close()
         self._metrics_file.write(json.dumps({"step": step, **extra, **values}) + "\n")
+
+    def epoch_line(self, step: int, epoch: int, writer: bool, **values: float) -> None:
+        """The epoch's end: a line with `"epoch"` holding the newest value of each metric logged during
+        the epoch (`values` added), the line a search reads its objective from; then a new epoch."""
+        self.metrics(step, {**self.this_epoch, **values}, writer, epoch=epoch)
+        self.this_epoch = {}
 
     def progress(self, step: int, total: int | None, writer: bool, force: bool = False) -> None:
         """progress.json for `status` (in-process only: a child's job reads its metrics for it)."""
@@ -226,6 +242,7 @@ class Bridge:
         to save): end it for a requeue — the job's stop path in-process, the requeue exit code in a child."""
         signum = int(self.flag.signum or 0)
         self.close()
+        self.release_signals()
         saved = (
             f"stop checkpoint at step {step}: {path}"
             if path is not None

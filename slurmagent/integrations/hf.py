@@ -62,7 +62,6 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from slurmagent.config import AdaptConf
 from slurmagent.errors import ConfigError
 from slurmagent.integrations._bridge import Bridge, durable, floats, loader_generators, set_generators
-from slurmagent.primitives.signals import install_handlers, restore_handlers
 from slurmagent.runtime.torch_state import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -73,8 +72,8 @@ HF_PREFIX = "checkpoint-"  # the Trainer's checkpoint folders: checkpoint-<globa
 STATE_FILE = "slurmagent.pt"  # our part of a checkpoint folder: the controller; AcceleratedRun's RNG at epoch start
 MARK_FILE = "slurmagent.json"  # AcceleratedRun's folder is complete once this is written: {"step", "epoch"}
 ACC_PREFIX = "accelerate-step"  # AcceleratedRun's checkpoint folders: accelerate-step<global step, 8 digits>
-NOT_METRICS = ("epoch", "total_flos")
-_END = object()  # the Trainer's log keys that are not a metric's value
+NOT_METRICS = ("epoch", "total_flos")  # the Trainer's log keys that are not a metric's value
+_END = object()  # an iterator's end, told from any batch
 
 
 def _step_of(folder: Path, prefix: str) -> int | None:
@@ -108,7 +107,6 @@ class Slurmagent(TrainerCallback):
         self.adapt = adapt
         self._resume_from: str | None = None
         self._looked = False
-        self._previous: dict[int, Any] = {}
         self._stopping = False
         self._epoch_line: int | None = None  # an ended epoch whose line waits for its evaluation
         self._args: TrainingArguments | None = None
@@ -125,10 +123,18 @@ class Slurmagent(TrainerCallback):
 
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self._args = args
-        if _output_dir(args).resolve() != self.bridge.checkpoint_dir.resolve():
+        out, ctx = _output_dir(args).resolve(), self.bridge.ctx
+        own = out == self.bridge.checkpoint_dir.resolve() or out.is_relative_to(ctx.output_dir.resolve())
+        if not own and ctx.backend in ("slurm", "local"):  # in a job: a directory other tasks may share
+            raise ConfigError(
+                f"TrainingArguments(output_dir={args.output_dir!r}) is outside this task's directory "
+                f"{ctx.output_dir}: the tasks of a sweep would resume from each other's checkpoints; pass "
+                f"output_dir=<the Slurmagent callback>.output_dir ({self.bridge.checkpoint_dir}); nothing was trained"
+            )
+        if not own:
             log.warning(
-                "TrainingArguments(output_dir=%r) is not this task's checkpoint directory %s: tasks of a sweep "
-                "that share it resume from each other's checkpoints; pass output_dir=<the callback>.output_dir",
+                "TrainingArguments(output_dir=%r) is not this run's checkpoint directory %s: runs that share it "
+                "resume from each other's checkpoints; pass output_dir=<the callback>.output_dir",
                 args.output_dir,
                 self.bridge.checkpoint_dir,
             )
@@ -148,7 +154,7 @@ class Slurmagent(TrainerCallback):
                 f"pass resume_from_checkpoint=<the Slurmagent callback>.resume_from, or the run would start again "
                 f"from scratch; nothing was trained"
             )
-        self._previous = install_handlers(self.bridge.flag, self.bridge.signals)
+        self.bridge.take_signals()
         if self.bridge.should_stop():  # a stop before the first step (while the job imported): nothing new to save
             self._end()
             self.bridge.stop(state.global_step, None)
@@ -181,7 +187,8 @@ class Slurmagent(TrainerCallback):
         self.bridge.boundary(state.global_step, writer)
         self.bridge.progress(state.global_step, state.max_steps or None, writer)
         epoch_end = state.epoch is not None and float(state.epoch).is_integer()  # the epoch's end comes next
-        if not epoch_end and self.bridge.should_stop():  # the same on every rank: all agree, or none asks
+        final = state.global_step >= state.max_steps  # the run ends now: nothing to resume
+        if not epoch_end and not final and self.bridge.should_stop():  # the same on every rank: all agree, or none
             self._stop_here(control)
 
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
@@ -190,16 +197,16 @@ class Slurmagent(TrainerCallback):
         epoch = round(state.epoch)
         self._epoch_line = epoch  # written after the epoch's evaluation, if one follows (on_evaluate)
         final = state.global_step >= state.max_steps  # the run ends now: nothing to resume
-        if not final and self.bridge.should_stop():  # the same on every rank: all agree, or none asks
-            self._stop_here(control)
         rung = self.bridge.ctx.stop_at
-        if rung and epoch >= rung and not control.should_training_stop:
-            if not final:
+        if rung and epoch >= rung:  # the rung ends this trial here, a stop signal or not: a requeue would train past it
+            if not final and not control.should_training_stop:
                 control.should_save = True  # the rung: a promotion resumes from here
                 log.info(
                     "search rung reached: stopped after epoch %d of %s, checkpointed", epoch, args.num_train_epochs
                 )
             control.should_training_stop = True
+        elif not final and self.bridge.should_stop():  # the same on every rank: all agree, or none asks
+            self._stop_here(control)
 
     def on_log(
         self,
@@ -251,14 +258,11 @@ class Slurmagent(TrainerCallback):
 
     def _flush_epoch_line(self, state: TrainerState) -> None:
         if self._epoch_line is not None:
-            self.bridge.metrics(
-                state.global_step, dict(self.bridge.last), state.is_world_process_zero, epoch=self._epoch_line
-            )
+            self.bridge.epoch_line(state.global_step, self._epoch_line, state.is_world_process_zero)
             self._epoch_line = None
 
     def _end(self) -> None:
-        restore_handlers(self._previous)
-        self._previous = {}
+        self.bridge.release_signals()
         self.bridge.close()
 
 
@@ -286,6 +290,7 @@ class AcceleratedRun:
             None  # the RNG and loader-generator states this epoch's order came from
         )
         self._resumed = False
+        self._total_epochs = 0  # what epochs() was asked for
         self._generators_at_save: list[Any] = []  # the loader's generators when the resumed checkpoint was saved
         self._loader: Any = None  # the loader of the epoch in progress
 
@@ -323,6 +328,7 @@ class AcceleratedRun:
 
     def epochs(self, total: int) -> Iterator[int]:
         """The epochs left to train, from the one the run stopped in; at a search rung it ends there."""
+        self._total_epochs = total
         try:
             while self.epoch < total:
                 yield self.epoch
@@ -335,6 +341,7 @@ class AcceleratedRun:
                     return
         finally:
             self.bridge.close()
+            self.bridge.release_signals()  # training is over: the stop signals mean again what they meant
 
     def batches(self, loader: Any) -> Iterator[Any]:
         """This epoch's batches. The epoch's data order is drawn with the RNG states saved for it, so a
@@ -375,12 +382,18 @@ class AcceleratedRun:
             self.bridge.stop(self.step_count, self._save())
 
     def epoch_end(self, **metrics: float) -> None:
-        """The epoch's end: its evaluation's metrics, and the epoch's line (every metric's newest value)."""
+        """The epoch's end: its evaluation's metrics, and the epoch's line (the newest value of each metric
+        logged during it). A stop signal here ends the run for a requeue, unless the run or its search rung
+        ends with this epoch anyway (`epochs()` then saves the rung's checkpoint)."""
         values = floats(metrics)
         if values:
             self.bridge.metrics(self.step_count, values, self.writer)
-        self.bridge.metrics(self.step_count, dict(self.bridge.last), self.writer, epoch=self.epoch + 1)
+        self.bridge.epoch_line(self.step_count, self.epoch + 1, self.writer)
         self.bridge.progress(self.step_count, None, self.writer, force=True)
+        done = self.epoch + 1
+        rung = self.bridge.ctx.stop_at
+        if 0 < self._total_epochs <= done or (rung and done >= rung):  # the same on every rank
+            return
         if self.bridge.should_stop():
             self.epoch += 1  # this epoch is done: the next run starts the next one
             path = self._save()

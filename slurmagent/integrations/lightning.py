@@ -110,6 +110,7 @@ class Slurmagent(Callback):
         self._at_epoch_end = False  # the save in progress is at an epoch's end
         self._before_validation: dict[str, float] = {}
         self._validation_keys: set[str] = set()  # what validation logs: not part of a training step's line
+        self._step_seen = -1  # the global step of the last optimizer step acted on (accumulation: one per step)
 
     # -- set-up --------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -119,6 +120,11 @@ class Slurmagent(Callback):
         if getattr(environment, "auto_requeue", False):
             environment.auto_requeue = False  # type: ignore[union-attr]  # ours requeues, never both
             log.info("Lightning's SLURMEnvironment auto_requeue switched off: slurmagent's stop path requeues")
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # the trainer has registered its handlers (its SIGTERM one would end the sanity check with
+        # SIGTERMException, a SystemExit with no code): ours go in front before any step of it runs
+        self.bridge.take_signals()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         given = trainer.ckpt_path  # what the fit restored from (known once it has)
@@ -136,6 +142,7 @@ class Slurmagent(Callback):
         if self.bridge.should_stop():  # a stop before the first step (while the job imported): nothing new to save
             self.bridge.stop(trainer.global_step, None)
         self.bridge.started(trainer.global_step)
+        self._step_seen = trainer.global_step  # a batch that leaves it there has not stepped the optimizer
         if self.adapt is not None:
             schedulers = trainer.lr_scheduler_configs
             controller = self.bridge.control(
@@ -229,6 +236,9 @@ class Slurmagent(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step, writer = trainer.global_step, trainer.is_global_zero
+        if step == self._step_seen:  # a batch that only accumulated gradients: no optimizer step, no boundary
+            return
+        self._step_seen = step
         values = floats(trainer.callback_metrics, drop=self._validation_keys)
         if self.bridge.controller is not None:
             self.bridge.controller.observe(step, None, _loss(outputs))
@@ -237,28 +247,32 @@ class Slurmagent(Callback):
         self.bridge.boundary(step, writer)  # before any save at this boundary: the checkpoint holds it
         self.bridge.progress(step, self._total(trainer), writer)
         last = batch_idx + 1 >= trainer.num_training_batches  # the epoch's end comes next: validation, then ours
-        if not last and self.bridge.should_stop():  # `last` is the same on every rank: all agree, or none asks
+        final = 0 < trainer.max_steps <= step  # the fit ends now: nothing to resume
+        # `last` and `final` are the same on every rank: all agree, or none asks
+        if not last and not final and self.bridge.should_stop():
             self._stop(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         epoch = trainer.current_epoch + 1  # epochs done
         step, writer = trainer.global_step, trainer.is_global_zero
-        self.bridge.last.update(floats(trainer.callback_metrics))
-        self.bridge.metrics(step, dict(self.bridge.last), writer, epoch=epoch)
+        # the epoch's line: what was logged during it (its validation's values only if one ran in it),
+        # with the trainer's epoch-level aggregates of training metrics
+        self.bridge.epoch_line(step, epoch, writer, **floats(trainer.callback_metrics, drop=self._validation_keys))
         self.bridge.progress(step, self._total(trainer), writer, force=True)
         max_epochs = trainer.max_epochs if trainer.max_epochs is not None else -1
         final = 0 <= max_epochs <= epoch or 0 < trainer.max_steps <= step  # the fit ends now: nothing to resume
-        if not final and self.bridge.should_stop():  # the same on every rank: all agree, or none asks
-            self._stop(trainer, at_epoch_end=True)
         rung = self.bridge.ctx.stop_at
-        if rung and epoch >= rung and not trainer.should_stop:
-            if not final:
+        if rung and epoch >= rung:  # the rung ends this trial here, a stop signal or not: a requeue would train past it
+            if not final and not trainer.should_stop:
                 self.save(trainer, at_epoch_end=True)  # the rung: a promotion resumes from here
                 log.info("search rung reached: stopped after epoch %d of %s, checkpointed", epoch, max_epochs)
             trainer.should_stop = True
+        elif not final and self.bridge.should_stop():  # the same on every rank: all agree, or none asks
+            self._stop(trainer, at_epoch_end=True)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.bridge.close()
+        self.bridge.release_signals()  # after the trainer's own teardown put back what it found
 
     # -- the stop -----------------------------------------------------------------------------
     def save(self, trainer: pl.Trainer, at_epoch_end: bool = False) -> Path:

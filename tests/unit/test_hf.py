@@ -214,6 +214,39 @@ def test_the_in_loop_controller_sees_a_gradient_explosion_through_the_trainer(ta
     assert trainer.optimizer.param_groups[0]["lr"] < 1e-3 * 0.5  # decayed (and the cosine goes on from there)
 
 
+def test_a_stop_at_the_search_rungs_epoch_ends_the_trial_at_the_rung_not_for_a_requeue(
+    task: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reference = uninterrupted(task, train)
+    monkeypatch.setenv(JobEnv.STOP_AT, "1")
+    train(stop_at_step=STEPS_PER_EPOCH - 1)  # the signal in the rung epoch's last step: returns, no requeue
+    assert [p.name for p in (task / "checkpoints").iterdir()] == [f"checkpoint-{STEPS_PER_EPOCH}"]
+    monkeypatch.setenv(JobEnv.STOP_AT, "3")  # promoted
+    assert train()[0] == reference
+
+
+def test_an_output_dir_outside_the_task_is_refused_in_a_job(
+    task: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(JobEnv.BACKEND, "local")
+    shared = tmp_path / "shared-checkpoints"
+    sa = Slurmagent()
+    args = TrainingArguments(output_dir=str(shared), report_to=[], use_cpu=True, disable_tqdm=True)
+    with pytest.raises(ConfigError, match=r"output_dir=.*shared-checkpoints.*outside this task's directory"):
+        Trainer(model=bert(), args=args, train_dataset=Tokens(32, 0), callbacks=[sa])
+    assert not shared.exists() or not list(
+        shared.iterdir()
+    )  # nothing trained, nothing written (the Trainer makes the folder)
+
+
+def test_the_stop_signals_mean_what_they_meant_once_training_is_over(task: Path) -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGTERM)}
+    train(epochs=1)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    accelerate_loop(epochs=1)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
 # -- Accelerate ------------------------------------------------------------------------------------
 
 
@@ -269,3 +302,18 @@ def test_the_in_loop_controller_acts_in_an_accelerate_loop(task: Path) -> None:
     decays = [r for r in records if r["kind"] == "decay_lr"]
     assert decays and decays[0]["decision"] == "local" and decays[0]["applied"], records
     assert decays[0]["step"] >= 9
+
+
+def test_an_accelerate_stop_in_the_last_epochs_last_step_lets_the_run_finish(task: Path) -> None:
+    reference = uninterrupted(task, lambda: (accelerate_loop(),))
+    assert accelerate_loop(stop_at_step=3 * STEPS_PER_EPOCH - 1) == reference  # returns: nothing to requeue
+    assert not (task / "checkpoints").exists() or not list((task / "checkpoints").iterdir())
+
+
+def test_an_accelerate_stop_at_the_rungs_epoch_ends_at_the_rung(task: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = uninterrupted(task, lambda: (accelerate_loop(),))
+    monkeypatch.setenv(JobEnv.STOP_AT, "1")
+    accelerate_loop(stop_at_step=STEPS_PER_EPOCH - 1)  # the signal in the rung epoch's last step: returns
+    assert [p.name for p in (task / "checkpoints").iterdir()] == [f"{ACC_PREFIX}{STEPS_PER_EPOCH:08d}"]
+    monkeypatch.setenv(JobEnv.STOP_AT, "3")
+    assert accelerate_loop() == reference

@@ -81,6 +81,7 @@ def fit(
     train, val = torch.utils.data.random_split(data, [256, 64], generator=torch.Generator().manual_seed(0))
     model = Net(explode_at=kw.pop("explode_at", -1))
     loader = kw.pop("loader", StatefulDataLoader)
+    trainer_kw = kw.pop("trainer", {})
     sa = Slurmagent(**kw)
     trainer = pl.Trainer(
         max_epochs=epochs,
@@ -92,6 +93,8 @@ def fit(
         enable_model_summary=False,
         accelerator="cpu",
         devices=1,
+        default_root_dir=Path(os.environ["SLURMAGENT_OUTPUT_DIR"]).parent,  # where Lightning's own hpc_ckpt would go
+        **trainer_kw,
     )
     trainer.fit(
         model,
@@ -184,14 +187,18 @@ def test_a_fit_without_ckpt_path_while_a_checkpoint_exists_is_refused(task: Path
         trainer.fit(Net(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :1]), batch_size=8))
 
 
+@pytest.mark.parametrize("signal_at", [None, STEPS_PER_EPOCH - 1], ids=["no-signal", "signal-in-the-rungs-last-step"])
 def test_a_search_rung_stops_after_its_epoch_with_a_checkpoint_the_promotion_resumes(
-    task: Path, monkeypatch: pytest.MonkeyPatch
+    task: Path, monkeypatch: pytest.MonkeyPatch, signal_at: int | None
 ) -> None:
+    """With a stop signal in the rung epoch's last step too: the rung ends the trial, no requeue
+    that would train past it."""
     reference, _, _ = fit()
     os.rename(task, task.with_name("reference"))
     monkeypatch.setenv(JobEnv.STOP_AT, "1")
-    fit()  # returns: the rung is an end, not a stop for requeue
+    fit(callbacks=(SignalAt(signal_at),) if signal_at is not None else ())  # returns: the rung is an end
     assert [p.name for p in (task / "checkpoints").iterdir()] == [f"{PREFIX}{STEPS_PER_EPOCH:08d}.ckpt"]
+    assert [r["epoch"] for r in rows(task) if "epoch" in r] == [1]
     monkeypatch.setenv(JobEnv.STOP_AT, "3")
     promoted, _, _ = fit()
     assert promoted == reference
@@ -221,3 +228,51 @@ def test_the_in_loop_controller_decays_the_lr_when_gradients_explode(task: Path)
     assert decays and decays[0]["decision"] == "local" and decays[0]["applied"], records
     assert decays[0]["step"] >= 9  # after two suspect steps in a row
     assert sa.bridge.controller is not None and sa.bridge.controller.explosion_granted >= 1
+
+
+class SigtermAtSanityCheck(pl.Callback):
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_the_sanity_check_is_a_stop_for_requeue_not_an_exit_0(task: Path) -> None:
+    with pytest.raises(SystemExit) as stopped:  # Lightning's own handler would end it with SIGTERMException (code None)
+        fit(callbacks=(SigtermAtSanityCheck(),))
+    assert stopped.value.code == REQUEUE_EXIT_CODE
+
+
+def test_with_gradient_accumulation_a_stop_lands_on_an_optimizer_step_and_resumes_exactly(task: Path) -> None:
+    accumulate = {"accumulate_grad_batches": 2}
+    reference, _, _ = fit(trainer=accumulate)
+    os.rename(task, task.with_name("reference"))
+    with pytest.raises(SystemExit):
+        fit(callbacks=(SignalAt(5),), trainer=accumulate)  # during the micro-batches of optimizer step 6
+    (saved,) = (task / "checkpoints").iterdir()
+    assert saved.name == f"{PREFIX}{6:08d}.ckpt"
+    assert fit(trainer=accumulate)[0] == reference
+    steps = [r["step"] for r in rows(task) if "loss" in r and "epoch" not in r]
+    assert steps == list(range(1, 3 * STEPS_PER_EPOCH // 2 + 1))  # one line per optimizer step, each once
+
+
+def test_a_stop_in_the_last_step_of_max_steps_mid_epoch_lets_the_fit_finish(task: Path) -> None:
+    fit(callbacks=(SignalAt(19),), trainer={"max_steps": 20})  # returns
+    assert not (task / "checkpoints").exists() or not list((task / "checkpoints").iterdir())
+
+
+def test_resume_falls_back_to_the_newest_checkpoint_lightning_reads(task: Path) -> None:
+    with pytest.raises(SystemExit):
+        fit(callbacks=(SignalAt(5),))
+    (task / "checkpoints" / "notes.json").write_text('{"step": 999}')  # newer, but not a Lightning checkpoint
+    assert Slurmagent().resume_from == str(task / "checkpoints" / f"{PREFIX}{6:08d}.ckpt")
+
+
+def test_after_the_fit_the_stop_signals_mean_what_they_meant_before(task: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    fit(epochs=1)
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_an_epochs_line_holds_only_what_was_logged_during_it(task: Path) -> None:
+    fit(trainer={"check_val_every_n_epoch": 2})
+    lines = {r["epoch"]: r for r in rows(task) if "epoch" in r}
+    assert "val_loss" not in lines[1] and "val_loss" in lines[2] and "val_loss" not in lines[3], lines
