@@ -3,13 +3,14 @@ fsync), so a crash at any moment leaves either the old or the new file, never ha
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-__all__ = ["atomic_file", "atomic_write", "fsync_dir"]
+__all__ = ["atomic_file", "atomic_write", "fsync_dir", "json_rows"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -42,3 +43,16 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write `data` to `path` atomically: temp file in the same directory, fsync, rename."""
     with atomic_file(path) as fh:
         fh.write(data)
+
+
+def json_rows(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file's lines (metrics.jsonl, adapt.jsonl), in order; a
+    line cut short by a kill (the rest of the file still counts) or one that is not an object
+    is skipped."""
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            yield row

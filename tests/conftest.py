@@ -223,6 +223,61 @@ def task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         signal.signal(sig, signal.SIG_DFL)
 
 
+class MlflowServer:
+    """A real MLflow tracking server (`mlflow server`, from the [dev] extra) on loopback, its
+    store a SQLite file: stopped and started again on the same port and store, as an outage is.
+    Ended by its process group (its own: the server and the uvicorn workers it starts)."""
+
+    def __init__(self, root: Path) -> None:
+        import socket
+
+        self.root = root
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        import time
+        import urllib.request
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        argv = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port)]
+        argv += ["--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}", "--workers", "1"]
+        argv += ["--default-artifact-root", str(self.root / "artifacts")]
+        with open(self.root / "server.log", "ab") as log:  # the server writes its own copy of the descriptor
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True, cwd=self.root)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"mlflow server did not answer in 90 s: {(self.root / 'server.log').read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@pytest.fixture()
+def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
+    server = MlflowServer(tmp_path / "mlflow-server")
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture()
 def weird_tmp_path(tmp_path: Path) -> Path:
     """A directory whose name is hostile to shells: spaces, quotes, $(…), backticks, ;."""

@@ -49,6 +49,11 @@ COMMANDS: tuple[Command, ...] = (
         "results",
         "write an HTML report: a plot of every reported metric over steps (PNGs beside it) and the results",
     ),
+    Command(
+        "track",
+        "track",
+        "send a sweep's metrics its trackers (TensorBoard, MLflow) have not taken yet, to each task's own run",
+    ),
     Command("cancel", "sweeps", "cancel a sweep's unfinished tasks (and its detached supervisor)"),
     Command(
         "supervise",

@@ -62,7 +62,16 @@ def status(args: argparse.Namespace) -> int:
 
     from slurmagent.primitives.code import read_snapshot
     from slurmagent.supervise.state import SweepStore, task_json
-    from slurmagent.supervise.views import Summary, health_note, progress, runs, started, sweep_table, terminal
+    from slurmagent.supervise.views import (
+        Summary,
+        health_note,
+        progress,
+        runs,
+        started,
+        sweep_table,
+        terminal,
+        track_state,
+    )
 
     sweep_of(args)
     if args.refresh:  # one poll, by the sweep's supervisor's rules: only when none acts on it now
@@ -101,6 +110,7 @@ def status(args: argparse.Namespace) -> int:
                 "diagnosis": t.diagnosis,
                 "health": (health_note(state, t) or None) if t.index in ran else None,
                 "progress": progress(state, t) if t.state == "RUNNING" else None,  # the table's step/metrics/speed
+                "track": track_state(state, t) if t.index in ran else None,  # its trackers' runs, what is not sent
             }
             out.write(("\n  " if n == 0 else ",\n  ") + json.dumps(task, default=str))
         out.write(("\n ]" if scan.total else "]") + f',\n "schedule": {json.dumps(state.schedule, default=str)}\n}}\n')

@@ -11,6 +11,7 @@ One module per kind of setting; import from here (`from slurmagent.config import
   launcher.py      the Hydra launcher's and sweepers' own options
   hpo.py           the adaptive search's settings
   adapt.py         the in-loop controller's settings
+  track.py         the trackers a task's metrics also go to (TensorBoard, MLflow)
   parse.py         parse_conf: a group into its dataclass, strictly
   registration.py  Hydra's structured configs; Hydra's errors as one-line ConfigErrors
 """
@@ -66,6 +67,7 @@ from slurmagent.config.spec import (
     validate_resources,
     validate_task,
 )
+from slurmagent.config.track import MlflowConf, TrackConf, track_conf
 
 __all__ = [
     "ADAPT_MODES",
@@ -98,6 +100,7 @@ __all__ = [
     "HpoSweeperConf",
     "JobSpec",
     "LauncherConf",
+    "MlflowConf",
     "PlateauConf",
     "PriorityConf",
     "RecoveryConf",
@@ -106,6 +109,7 @@ __all__ = [
     "SiteConf",
     "SweeperConf",
     "TaskConf",
+    "TrackConf",
     "adapt_conf",
     "auto_keys",
     "budget_conf",
@@ -121,6 +125,7 @@ __all__ = [
     "site_conf",
     "spec_dict",
     "spec_key",
+    "track_conf",
     "unknown_key",
     "validate_checkpoint",
     "validate_health",

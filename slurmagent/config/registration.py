@@ -14,6 +14,7 @@ from slurmagent.config.launcher import HpoSweeperConf, LauncherConf, SweeperConf
 from slurmagent.config.parse import unknown_key
 from slurmagent.config.site import BudgetConf, SiteConf
 from slurmagent.config.spec import CheckpointConf, EnvConf, HealthConf, RecoveryConf, ResourcesConf, TaskConf
+from slurmagent.config.track import TrackConf
 from slurmagent.errors import ConfigError, choices
 
 # -- Hydra structured configs: the dataclasses above are the one source of every default --
@@ -60,6 +61,7 @@ def register_configs() -> None:
     spec["budget"] = _typed(BudgetConf)  # the sweep's spending limits (schedule/budget.py)
     spec["code"] = _typed(CodeConf)  # the sweep's code snapshot (launch/snapshot.py): per sweep, not a job-spec group
     spec["adapt"] = _typed(AdaptConf)  # the in-loop controller (runtime/adapt.py): typed, not a job-spec group
+    spec["track"] = _typed(TrackConf)  # the trackers metrics also go to (track/): typed, read by the job
     group, name = SPEC_NODE.split("/")
     store.store(group=group, name=name, node=spec, package="_global_", provider="slurmagent")
     store.store(group="hydra/launcher", name="slurmagent", node=_typed(LauncherConf), provider="slurmagent")

@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from slurmagent.config import HPO_STOP_AT, JobSpec, job_spec, resolve_target, spec_dict
+from slurmagent.config import HPO_STOP_AT, JobSpec, job_spec, resolve_target, spec_dict, track_conf
 from slurmagent.errors import ConfigError
 from slurmagent.job.boot import hold_stop_signals, release_stop_signals
 from slurmagent.job.command import run_command
@@ -35,6 +35,8 @@ from slurmagent.runtime.context import JobContext, context_from_env, set_current
 from slurmagent.runtime.distributed import rendezvous_env
 from slurmagent.runtime.loop import StopForRequeue, record_host_peak
 from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.track.forward import Forwarder
+from slurmagent.track.job import start as tracking_start
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +81,18 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
     os.environ.update(ctx.to_env())
     if ctx.world_size > 1:  # torchrun's variables: init_process_group("gloo"/"nccl") needs no arguments
         os.environ.update({k: v for k, v in rendezvous_env(ctx).items() if k not in os.environ})
+    tracking = _start_tracking(cfg, ctx)
     returned = False
     try:
-        out = call(spec, ctx)
+        try:
+            out = call(spec, ctx)
+        except StopForRequeue:
+            _end_tracking(tracking, "SCHEDULED")  # before the requeue: the next run continues the tracker's run
+            raise
+        except BaseException:
+            _end_tracking(tracking, "FAILED")
+            raise
+        _end_tracking(tracking, "FINISHED")
         returned = True
         return out
     except StopForRequeue as stop:
@@ -94,6 +105,40 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
             # signal's default action and Slurm would record the finished run as FAILED: held until the exit
             hold_stop_signals()
         restore_handlers(previous)
+
+
+def _start_tracking(cfg: DictConfig, ctx: JobContext) -> tuple[Forwarder, float] | None:
+    """The task's trackers (`track.*`), sending from now on; None when none is on. A tracker
+    never fails the task: what goes wrong here is a warning in the job's log."""
+    try:
+        conf = track_conf(spec_dict(cfg, ("track",)).get("track"))
+        if not conf.enabled:
+            return None
+        try:
+            config = OmegaConf.to_container(cfg, resolve=True)
+        except Exception:
+            config = OmegaConf.to_container(cfg, resolve=False)
+        plain: dict[str, Any] = {str(k): v for k, v in config.items()} if isinstance(config, dict) else {}
+        forwarder = tracking_start(conf, plain, _task_overrides(), ctx)
+        return (forwarder, conf.flush_timeout_s) if forwarder is not None else None
+    except Exception as exc:
+        log.warning("trackers not started: %s", exc)
+        return None
+
+
+def _end_tracking(tracking: tuple[Forwarder, float] | None, status: str) -> None:
+    if tracking is not None:
+        forwarder, timeout_s = tracking
+        forwarder.close(status, timeout_s)
+
+
+def _task_overrides() -> list[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return [str(o) for o in HydraConfig.get().overrides.task]
+    except (ValueError, ImportError):
+        return []
 
 
 def check_single_run(cfg: DictConfig) -> None:

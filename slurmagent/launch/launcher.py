@@ -45,6 +45,7 @@ from slurmagent.config import (
     site_conf,
     spec_dict,
     spec_key,
+    track_conf,
     validate_launcher,
 )
 from slurmagent.errors import ConfigError, SweepRefusedError, TaskFailedError
@@ -175,7 +176,7 @@ class ArrayLauncher:
         specs: list[JobSpec] = []
         for overrides in job_overrides:
             # the spec's keys, and the in-loop controller's (checked here: its ranges fail on the node otherwise)
-            key = tuple(o for o in overrides if spec_relevant(o) or o.lstrip("+~").startswith("adapt."))
+            key = tuple(o for o in overrides if spec_relevant(o) or o.lstrip("+~").startswith(("adapt.", "track.")))
             if key not in cache:
                 try:
                     cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(key))
@@ -184,6 +185,8 @@ class ArrayLauncher:
                     if cfg.get("adapt") is not None:
                         adapt = OmegaConf.to_container(cfg.adapt, resolve=True)
                         adapt_conf({str(k): v for k, v in adapt.items()} if isinstance(adapt, dict) else None)
+                    # the trackers' settings, and their libraries installed: checked before anything is submitted
+                    track_conf(spec_dict(cfg, ("track",)).get("track"), check_installed=True)
                 except (ConfigError, HydraException, OmegaConfBaseException) as exc:
                     why = exc if isinstance(exc, ConfigError) else (config_error(exc) or exc)
                     raise ConfigError(

@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from slurmagent.errors import ConfigError
 
@@ -53,6 +54,8 @@ class TaskFile(StrEnum):
     HEALTH_STOP = "health_stop.json"  # the CRITICAL check that moved the job off its node
     ADAPT = "adapt.jsonl"  # every in-loop intervention asked (runtime/adapt.py): step, kind, reason, decision
     COMMAND_STDERR = "command.stderr"  # a task.command's stderr
+    TRACK = "track.json"  # each tracker's run id and what was sent to it (slurmagent/track/)
+    TENSORBOARD = "tensorboard"  # the task's TensorBoard event files (track.tensorboard)
 
 
 class Progress(StrEnum):
@@ -117,3 +120,15 @@ def check_checkpoint_dir(configured: str | None) -> None:
             f"checkpoint.dir={configured}: its parent {parent} does not exist; create it first or name a directory "
             "under an existing one (slurmagent creates only the directory you name)"
         )
+
+
+METRIC_AXES = ("step", "epoch")  # a metrics line's position, not metrics
+
+
+def metric_values(row: Mapping[str, Any]) -> dict[str, float]:
+    """A metrics line's values: its numbers but the axes (a bool is not a number here)."""
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k not in METRIC_AXES and isinstance(v, int | float) and not isinstance(v, bool)
+    }

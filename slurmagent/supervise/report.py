@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slurmagent.primitives.env import TaskFile
+from slurmagent.files import json_rows
+from slurmagent.primitives.env import TaskFile, metric_values
 from slurmagent.supervise.state import SweepState, SweepStore
 from slurmagent.supervise.views import (
     STUDY_BEST,
@@ -210,17 +211,12 @@ def task_curves(path: Path) -> dict[str, list[tuple[int, float]]]:
         lines = path.read_text().splitlines()
     except OSError:
         return {}
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a kill: the rest of the file still counts
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+    for rec in json_rows(lines):
+        if not isinstance(rec.get("step"), int):
             continue
-        for name, value in rec.items():
-            # the step and the epoch are axes, not metrics (an epoch's line marks where its values were taken)
-            if name not in ("step", "epoch") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                by_name.setdefault(name, {})[rec["step"]] = float(value)
+        # the step and the epoch are axes, not metrics (an epoch's line marks where its values were taken)
+        for name, value in metric_values(rec).items():
+            by_name.setdefault(name, {})[rec["step"]] = value
     return {name: sorted(points.items()) for name, points in by_name.items()}
 
 

@@ -19,8 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from slurmagent.commands import slurmagent_command
+from slurmagent.files import json_rows
 from slurmagent.primitives.env import TaskFile
 from slurmagent.supervise.state import SweepState, TaskRecord
+from slurmagent.track.forward import RUN_KEY
+from slurmagent.track.forward import read_state as read_track_state
 
 
 def terminal(stderr: bool = False) -> Console:
@@ -158,15 +161,7 @@ def _adapt_records(path: Path) -> list[dict[str, Any]]:
         lines = path.read_text().splitlines()
     except OSError:
         return []
-    out = []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            out.append(entry)
-    return out
+    return list(json_rows(lines))
 
 
 def started(sweep_dir: str | Path) -> set[int]:
@@ -201,6 +196,34 @@ def adapt_line(state: SweepState, most: int = 4, indices: list[int] | None = Non
         return ""
     more = f" (+{len(parts) - most} more tasks)" if len(parts) > most else ""
     return "in-loop: " + "; ".join(parts[:most]) + more
+
+
+def track_state(state: SweepState, task: TaskRecord) -> dict[str, Any] | None:
+    """Each tracker of a task (track/forward.py's track.json) as status shows it: the run it
+    continues, points sent, points not sent yet and the last error; None without trackers."""
+    saved = read_track_state(task_dir(state, task))
+    if not saved:
+        return None
+    keep = ("run_id", "uri", "experiment", "log_dir", "points", "behind", "error")
+    return {name: {k: v for k, v in st.items() if k in keep} for name, st in saved.items() if name != RUN_KEY}
+
+
+def track_line(state: SweepState, most: int = 4, indices: list[int] | None = None) -> str:
+    """Trackers that are behind, in one line (nothing when all are caught up), e.g.
+    `trackers behind: task 3 mlflow 37 point(s) not sent (ConnectionError: …)`."""
+    parts = []
+    ran = started(state.sweep_dir)
+    for index in indices if indices is not None else [t.index for t in state.tasks]:
+        if index not in ran:
+            continue
+        for name, st in read_track_state(Path(state.sweep_dir) / str(index)).items():
+            if name != RUN_KEY and isinstance(st, dict) and (st.get("error") or st.get("behind")):
+                behind = f"{st['behind']} point(s) not sent" if st.get("behind") else "not caught up"
+                parts.append(f"task {index} {name} {behind}" + (f" ({st['error']})" if st.get("error") else ""))
+    if not parts:
+        return ""
+    more = f" (+{len(parts) - most} more)" if len(parts) > most else ""
+    return "trackers behind: " + "; ".join(parts[:most]) + more + f" — {slurmagent_command('track', state.sweep_dir)}"
 
 
 def trials_by_state(rows: list[dict[str, Any]]) -> str:
@@ -272,6 +295,8 @@ def sweep_table(state: SweepState, max_rows: int = 40, summary: Summary | None =
     adapted = adapt_line(state, indices=summary.indices)
     if adapted:
         captions.insert(0, adapted)
+    if tracked := track_line(state, indices=summary.indices):
+        captions.insert(0, tracked)
     if schedule := schedule_note(state):
         captions.insert(0, schedule)
     if state.held_back:
@@ -392,13 +417,7 @@ def reported(state: SweepState, task: TaskRecord) -> dict[str, float]:
     if not path.is_file():
         return {}
     with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash
-            if not isinstance(row, dict):
-                continue
+        for row in json_rows(fh):
             for key, value in row.items():
                 if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue

@@ -17,6 +17,7 @@ from slurmagent.config import (
     ResourcesConf,
     job_spec,
     parse_conf,
+    track_conf,
 )
 from slurmagent.errors import ConfigError
 from slurmagent.slurm.sbatch import sbatch_flags, signal_flag
@@ -233,6 +234,8 @@ def check_group(cfg: Any, key: str) -> None:
         adapt_conf(plain("adapt"))
     elif root == "code":
         code_conf(plain("code"))
+    elif root == "track":
+        track_conf(plain("track"))
     elif root == "hpo":  # the search sweeper's own check of its group
         from slurmagent.launch.hpo_sweeper import HpoSweeper
 

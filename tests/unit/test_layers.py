@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("slurmagent.runtime",),
     # other trainers' loops given the job's protocol (Lightning, Hugging Face): what training code
     # uses, like runtime/, which they build on
-    ("slurmagent.integrations",),
+    # and where a task's metrics go besides its directory (TensorBoard, MLflow), which the job starts
+    ("slurmagent.integrations", "slurmagent.track"),
     ("slurmagent.job",),
     ("slurmagent.supervise",),
     ("slurmagent.launch",),

@@ -1,0 +1,139 @@
+"""One class per tracker, each behind the same three calls (`open`, `send`, `end`), the only
+code that imports a tracker's library. A call that fails raises; `forward.py` retries it."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from slurmagent.config.track import MlflowConf
+
+# MLflow caps a batch at 1000 metrics and 100 params, a param's value at 6000 characters
+MLFLOW_METRICS_PER_BATCH = 1000
+MLFLOW_PARAMS_PER_BATCH = 100
+MLFLOW_PARAM_CHARS = 6000
+
+
+@dataclass(frozen=True)
+class Point:
+    """One value of one metric at one step; `ms` is when it was first read (a resend carries the
+    same, so a store that already has it keeps one)."""
+
+    name: str
+    step: int
+    value: float
+    ms: int
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What every tracker is told of the task when its run is made."""
+
+    name: str  # "<sweep> #<task index>"
+    params: dict[str, str]  # the task's config, flattened (a.b.c → value)
+    tags: dict[str, str]  # the sweep directory, the task's index and overrides, the Slurm job
+
+
+class Sink(Protocol):
+    name: str
+
+    def where(self) -> dict[str, Any]:
+        """Where it sends, as track.json keeps it (for `slurmagent track`): no secret in it."""
+        ...
+
+    def open(self, state: dict[str, Any], run: RunInfo) -> dict[str, Any]:
+        """Continue the run `state` names (from an earlier run of the task), or make it; returns
+        what to keep in the task's track.json to continue it next time."""
+        ...
+
+    def send(self, points: list[Point]) -> None: ...
+
+    def end(self, status: str) -> None:
+        """The task's run ends here: FINISHED, FAILED, or SCHEDULED (stopped for a requeue)."""
+        ...
+
+
+class TensorBoardSink:
+    """Event files in the task's directory (`<task>/tensorboard/`): each run of the task adds a
+    file to the same folder, which TensorBoard shows as one run."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.writer: Any = None
+
+    def where(self) -> dict[str, Any]:
+        return {"log_dir": str(self.log_dir)}
+
+    def open(self, state: dict[str, Any], run: RunInfo) -> dict[str, Any]:
+        from torch.utils.tensorboard import SummaryWriter
+
+        if self.writer is None:
+            self.writer = SummaryWriter(log_dir=str(self.log_dir))
+            if not state.get("log_dir"):  # the task's first run: its config as text, once
+                self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in run.params.items()), 0)
+        return self.where()
+
+    def send(self, points: list[Point]) -> None:
+        for p in points:
+            self.writer.add_scalar(p.name, p.value, global_step=p.step, walltime=p.ms / 1000)
+        self.writer.flush()  # on disk before what was sent is written down
+
+    def end(self, status: str) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+class MlflowSink:
+    """An MLflow run per task in `track.mlflow.experiment`: the task's config as params, its
+    sweep, index and overrides as tags, every metric with its step."""
+
+    name = "mlflow"
+
+    def __init__(self, conf: MlflowConf, running: bool = True) -> None:
+        assert conf.uri is not None
+        self.conf = conf
+        self.running = running  # a run continued by a job is RUNNING again; by `slurmagent track`, left as it is
+        self.client: Any = None
+        self.run_id: str | None = None
+
+    def where(self) -> dict[str, Any]:
+        # without a user:password@ (credentials belong in MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN)
+        return {"uri": re.sub(r"(//)[^/@\s]+@", r"\1", self.conf.uri or ""), "experiment": self.conf.experiment}
+
+    def open(self, state: dict[str, Any], run: RunInfo) -> dict[str, Any]:
+        from mlflow.entities import Param, RunStatus
+        from mlflow.tracking import MlflowClient
+
+        if self.client is None:
+            self.client = MlflowClient(tracking_uri=self.conf.uri)
+        run_id = state.get("run_id")
+        if run_id and self.running:
+            self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        else:
+            found = self.client.get_experiment_by_name(self.conf.experiment)
+            name = self.conf.experiment
+            experiment = found.experiment_id if found is not None else self.client.create_experiment(name)
+            made = self.client.create_run(experiment, run_name=run.name, tags=run.tags)  # RUNNING
+            run_id = made.info.run_id
+            params = [Param(k, v[:MLFLOW_PARAM_CHARS]) for k, v in run.params.items()]
+            for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
+                self.client.log_batch(run_id, params=params[i : i + MLFLOW_PARAMS_PER_BATCH])
+        self.run_id = run_id
+        return {"run_id": run_id, **self.where()}
+
+    def send(self, points: list[Point]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(p.name, p.value, p.ms, p.step) for p in points]
+        for i in range(0, len(metrics), MLFLOW_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + MLFLOW_METRICS_PER_BATCH])
+
+    def end(self, status: str) -> None:
+        if self.client is not None and self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status, end_time=int(time.time() * 1000))
