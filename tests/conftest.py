@@ -223,6 +223,51 @@ def task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         signal.signal(sig, signal.SIG_DFL)
 
 
+def wandb_offline_runs(task_dir: Path) -> list[tuple[str, dict[str, str], list[tuple[int, dict[str, Any]]]]]:
+    """What W&B wrote offline under a task's directory, read back from its run files (the
+    `.wandb` transaction log: W&B's 7-byte header, then 32 KiB blocks of records, each a
+    protobuf `Record`): per run directory, oldest first, (run id, config, [(step, values)])."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    def records(path: Path) -> Iterator[bytes]:
+        data, pos, block, part = path.read_bytes(), 7, 32768, b""
+        assert data[:4] == b":W&B", path
+        while pos + 7 <= len(data):
+            left = block - pos % block
+            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+            if left < 7 or (kind == 0 and length == 0):  # a block's padding
+                pos += left
+                continue
+            chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+            if kind == 1:  # a whole record
+                yield chunk
+            elif kind in (2, 3):  # its first or a middle part
+                part += chunk
+            elif kind == 4:  # its last part
+                yield part + chunk
+                part = b""
+
+    runs = []
+    for log in sorted(task_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        run_id, config, history = "", {}, []
+        for raw in records(log):
+            rec = pb.Record()
+            rec.ParseFromString(raw)
+            kind = rec.WhichOneof("record_type")
+            if kind == "run":
+                run_id = rec.run.run_id
+                update = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.run.config.update}
+                config = {k: v for k, v in update.items() if k != "_wandb"}
+            elif kind == "history":
+                items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item}
+                values = {k: v for k, v in items.items() if not k.startswith("_")}
+                history.append((rec.history.step.num, values))
+        runs.append((run_id, config, history))
+    return runs
+
+
 class MlflowServer:
     """A real MLflow tracking server (`mlflow server`, from the [dev] extra) on loopback, its
     store a SQLite file: stopped and started again on the same port and store, as an outage is.

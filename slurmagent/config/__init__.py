@@ -67,7 +67,7 @@ from slurmagent.config.spec import (
     validate_resources,
     validate_task,
 )
-from slurmagent.config.track import MlflowConf, TrackConf, track_conf
+from slurmagent.config.track import MlflowConf, TrackConf, WandbConf, track_conf
 
 __all__ = [
     "ADAPT_MODES",
@@ -110,6 +110,7 @@ __all__ = [
     "SweeperConf",
     "TaskConf",
     "TrackConf",
+    "WandbConf",
     "adapt_conf",
     "auto_keys",
     "budget_conf",

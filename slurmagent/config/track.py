@@ -1,7 +1,8 @@
 """The `track` group: where a task's metrics are also sent, besides its own metrics.jsonl —
-TensorBoard event files in the task's directory, an MLflow tracking server or store. Off unless
-configured; each tracker needs its library (the extras `[tensorboard]`, `[mlflow]`). The sending
-is slurmagent/track/ (run by the job, job/task.py)."""
+TensorBoard event files in the task's directory, an MLflow tracking server or store, Weights &
+Biases (online, or offline into the task's directory). Off unless configured; each tracker
+needs its library (the extras `[tensorboard]`, `[mlflow]`, `[wandb]`). The sending is
+slurmagent/track/ (run by the job, job/task.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import dataclasses
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from slurmagent.config.parse import parse_conf
 from slurmagent.errors import ConfigError, choices
+
+T = TypeVar("T")
 
 # the schemes an MLflow tracking URI may have (a path with no scheme is a file store too)
 MLFLOW_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
@@ -26,12 +29,25 @@ class MlflowConf:
     experiment: str = "slurmagent"  # the MLflow experiment the sweep's runs go in (made when missing)
 
 
+WANDB_MODES = ("online", "offline")
+
+
+@dataclass(frozen=True)
+class WandbConf:
+    """A Weights & Biases run per task, for the task's whole life (its id kept in track.json)."""
+
+    mode: str | None = None  # online | offline (written under <task>/wandb/, `wandb sync` later); None = off
+    project: str = "slurmagent"
+    entity: str | None = None  # the team or user; None = the API key's default
+
+
 @dataclass(frozen=True)
 class TrackConf:
     """Trackers a task's metrics (every line of its metrics.jsonl) and its config go to."""
 
     tensorboard: bool = False  # event files in each task's directory (<task>/tensorboard/): tensorboard --logdir SWEEP
     mlflow: MlflowConf = field(default_factory=MlflowConf)
+    wandb: WandbConf = field(default_factory=WandbConf)
     interval_s: float = 2.0  # how often new metrics are sent while the task runs
     # at the task's end (done, stopped for a requeue, failed): how long the job may wait for a tracker
     # to take what is left; what it does not take is sent by the task's next run, or `slurmagent track sync`
@@ -40,22 +56,25 @@ class TrackConf:
     @property
     def enabled(self) -> list[str]:
         """The trackers switched on, by name."""
-        return [name for name, on in (("tensorboard", self.tensorboard), ("mlflow", self.mlflow.uri)) if on]
+        trackers = (("tensorboard", self.tensorboard), ("mlflow", self.mlflow.uri), ("wandb", self.wandb.mode))
+        return [name for name, on in trackers if on]
 
 
 # tracker → (the module it needs, the extra that installs it)
-NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
+NEEDS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
 
 
 def track_conf(data: Mapping[str, Any] | None, check_installed: bool = False) -> TrackConf:
     """The `track` group from plain data, checked: errors name the key and the valid values;
     `check_installed` (at submission) also refuses a tracker whose library is not installed here."""
     raw = dict(data or {})
-    mlflow = raw.pop("mlflow", None)
-    if mlflow is not None and not isinstance(mlflow, Mapping | MlflowConf):
-        raise ConfigError(f"track.mlflow={mlflow!r} has the wrong type; expected keys uri, experiment")
-    ml = mlflow if isinstance(mlflow, MlflowConf) else parse_conf(MlflowConf, mlflow, "track.mlflow")
-    conf = dataclasses.replace(parse_conf(TrackConf, raw, "track"), mlflow=ml)
+    ml = _part(MlflowConf, raw.pop("mlflow", None), "track.mlflow")
+    wb = _part(WandbConf, raw.pop("wandb", None), "track.wandb")
+    conf = dataclasses.replace(parse_conf(TrackConf, raw, "track"), mlflow=ml, wandb=wb)
+    if wb.mode is not None and wb.mode not in WANDB_MODES:
+        raise ConfigError(f"track.wandb.mode={wb.mode!r} is not one of {choices(WANDB_MODES)} (null: off)")
+    if wb.mode is not None and not wb.project.strip():
+        raise ConfigError("track.wandb.project is empty: name the W&B project the runs go in")
     if conf.interval_s <= 0:
         raise ConfigError(f"track.interval_s={conf.interval_s} must be above 0 (seconds between sends)")
     if conf.flush_timeout_s < 0:
@@ -78,3 +97,13 @@ def track_conf(data: Mapping[str, Any] | None, check_installed: bool = False) ->
                     f"pip install 'slurmagent[{extra}]' (where the jobs run too)"
                 )
     return conf
+
+
+def _part(cls: type[T], value: Any, where: str) -> T:
+    """A tracker's own settings (track.mlflow, track.wandb), parsed as a group of its own."""
+    if isinstance(value, cls):
+        return value
+    if value is not None and not isinstance(value, Mapping):
+        keys = ", ".join(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        raise ConfigError(f"{where}={value!r} has the wrong type; expected keys {keys}")
+    return parse_conf(cls, value, where)

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slurmagent.config.track import MlflowConf, TrackConf
+from slurmagent.config.track import MlflowConf, TrackConf, WandbConf
 from slurmagent.primitives.env import TaskFile
 from slurmagent.runtime.context import JobContext
 from slurmagent.track.forward import Forwarder
-from slurmagent.track.sinks import MlflowSink, RunInfo, Sink, TensorBoardSink
+from slurmagent.track.sinks import MlflowSink, RunInfo, Sink, TensorBoardSink, WandbSink
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ def sinks_for(conf: TrackConf, task_dir: Path) -> list[Sink]:
         sinks.append(TensorBoardSink(task_dir / TaskFile.TENSORBOARD))
     if conf.mlflow.uri is not None:
         sinks.append(mlflow_sink(conf.mlflow))
+    if conf.wandb.mode is not None:
+        sinks.append(WandbSink(conf.wandb, task_dir))
     return sinks
 
 
@@ -51,7 +53,8 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 def run_info(config: Mapping[str, Any], overrides: list[str], ctx: JobContext) -> RunInfo:
     sweep = ctx.sweep_dir
     label = "/".join(sweep.parts[-2:]) if sweep is not None else ctx.output_dir.name
-    params = flatten({k: v for k, v in config.items() if k not in NOT_PARAMS})
+    own = {k: v for k, v in config.items() if k not in NOT_PARAMS}
+    params = flatten(own)
     tags = {
         "slurmagent.task": str(ctx.task_index),
         "slurmagent.task_dir": str(ctx.output_dir),
@@ -59,7 +62,7 @@ def run_info(config: Mapping[str, Any], overrides: list[str], ctx: JobContext) -
     }
     if sweep is not None:
         tags["slurmagent.sweep_dir"] = str(sweep)
-    return RunInfo(name=f"{label} #{ctx.task_index}", params=params, tags=tags)
+    return RunInfo(name=f"{label} #{ctx.task_index}", params=params, tags=tags, config=own)
 
 
 def start(conf: TrackConf, config: Mapping[str, Any], overrides: list[str], ctx: JobContext) -> Forwarder | None:
@@ -86,9 +89,13 @@ def sync(task_dir: Path, timeout_s: float) -> dict[str, Any] | None:
     if "mlflow" in saved and saved["mlflow"].get("uri"):
         conf = MlflowConf(uri=saved["mlflow"]["uri"], experiment=saved["mlflow"].get("experiment", "slurmagent"))
         sinks.append(mlflow_sink(conf, running=False))
+    if "wandb" in saved and saved["wandb"].get("mode"):
+        w = saved["wandb"]
+        conf_w = WandbConf(mode=w["mode"], project=w.get("project", "slurmagent"), entity=w.get("entity"))
+        sinks.append(WandbSink(conf_w, Path(w.get("dir") or task_dir)))
     if not sinks:
         return None
     run = saved.get(RUN_KEY) or {}
-    info = RunInfo(name=run.get("name", task_dir.name), params=run.get("params", {}), tags=run.get("tags", {}))
+    info = RunInfo(run.get("name", task_dir.name), run.get("params", {}), run.get("tags", {}), run.get("config", {}))
     Forwarder(task_dir, sinks, info).close(None, timeout_s)
     return read_state(task_dir)

@@ -1,15 +1,17 @@
-"""One class per tracker, each behind the same three calls (`open`, `send`, `end`), the only
-code that imports a tracker's library. A call that fails raises; `forward.py` retries it."""
+"""One class per tracker (TensorBoard, MLflow, Weights & Biases), each behind the same calls
+(`where`, `open`, `send`, `end`): the only code that imports a tracker's library. A call that
+fails raises; `forward.py` retries it."""
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurmagent.config.track import MlflowConf
+from slurmagent.config.track import MlflowConf, WandbConf
 
 # MLflow caps a batch at 1000 metrics and 100 params, a param's value at 6000 characters
 MLFLOW_METRICS_PER_BATCH = 1000
@@ -34,7 +36,8 @@ class RunInfo:
 
     name: str  # "<sweep> #<task index>"
     params: dict[str, str]  # the task's config, flattened (a.b.c → value)
-    tags: dict[str, str]  # the sweep directory, the task's index and overrides, the Slurm job
+    tags: dict[str, str]  # the sweep directory, the task's index and overrides
+    config: dict[str, Any] = field(default_factory=dict)  # the task's config as it is (W&B keeps its types)
 
 
 class Sink(Protocol):
@@ -137,3 +140,57 @@ class MlflowSink:
     def end(self, status: str) -> None:
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status, end_time=int(time.time() * 1000))
+
+
+class WandbSink:
+    """A W&B run per task, its id made once and kept in track.json: each run of the task opens it
+    again (`resume="allow"`); offline, each writes `<task>/wandb/offline-run-*-<id>/`, which
+    `wandb sync` uploads into the one run. The run's config is the task's; W&B's own console
+    capture and system metrics are off (the job's log is the job's)."""
+
+    name = "wandb"
+
+    def __init__(self, conf: WandbConf, task_dir: Path) -> None:
+        self.conf = conf
+        self.task_dir = task_dir
+        self.run: Any = None
+
+    def where(self) -> dict[str, Any]:
+        return {
+            "mode": self.conf.mode,
+            "project": self.conf.project,
+            "entity": self.conf.entity,
+            "dir": str(self.task_dir),
+        }
+
+    def open(self, state: dict[str, Any], run: RunInfo) -> dict[str, Any]:
+        import wandb
+
+        run_id = state.get("run_id") or uuid.uuid4().hex[:16]
+        if self.run is None:
+            settings = wandb.Settings(console="off", x_disable_stats=True, silent=True, x_save_requirements=False)
+            self.run = wandb.init(
+                project=self.conf.project,
+                entity=self.conf.entity,
+                id=run_id,
+                resume="allow",
+                dir=str(self.task_dir),
+                name=run.name,
+                config=run.config or run.params,
+                mode=self.conf.mode,  # type: ignore[arg-type]
+                reinit="create_new",  # beside a run the training code opened itself
+                settings=settings,
+            )
+        return {"run_id": run_id, **self.where()}
+
+    def send(self, points: list[Point]) -> None:
+        by_step: dict[int, dict[str, float]] = {}
+        for p in points:
+            by_step.setdefault(p.step, {})[p.name] = p.value
+        for step in sorted(by_step):  # W&B's step only goes up: one log() a step, in order
+            self.run.log(by_step[step], step=step)
+
+    def end(self, status: str) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=1 if status == "FAILED" else 0)
+            self.run = None

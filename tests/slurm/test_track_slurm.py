@@ -1,13 +1,15 @@
 """Trackers on the real cluster, as a user runs them: from a directory outside the checkout, the
-default sweep dir and checkpoint dir, a real MLflow tracking server on loopback and TensorBoard
-event files read back with TensorBoard's own reader. (a) The README's digits task requeued
-twice with `scontrol requeue` is one MLflow run and one TensorBoard run, every step once, the
-step axis unbroken; (b) a search whose trials are promoted by resuming: one run per trial, its
-epochs each once across the promotions."""
+default sweep dir and checkpoint dir, a real MLflow tracking server on loopback, TensorBoard
+event files read back with TensorBoard's own reader, W&B offline runs read back from their run
+files. (a) The README's digits task requeued twice with `scontrol requeue` is one MLflow run,
+one TensorBoard run and one W&B run id, every step once, the step axis unbroken; (b) a search
+whose trials are promoted by resuming: one run per trial, its epochs each once across the
+promotions."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,18 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_default_paths_slurm import POLL, finish, requeue, running_job, start, state, the_sweep
 
+from tests.conftest import MlflowServer, wandb_offline_runs
+
 pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One tracking server for this module's tests (each its own experiment): started once."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
 
 
 def lines(task_dir: Path) -> int:
@@ -36,8 +49,9 @@ def steps_of(client: MlflowClient, run_id: str, metric: str) -> list[int]:
 
 def test_a_task_requeued_twice_is_one_tracker_run_with_every_step_once(home: Path, mlflow_server: Any) -> None:
     launcher = start(
-        home, "+experiment=digits_mlp", "-m", "train.step_delay_s=0.05", "track.tensorboard=true",
-        f"track.mlflow.uri={mlflow_server.uri}", "track.mlflow.experiment=digits", *POLL,
+        home, "+experiment=digits_mlp", "-m", "train.steps=200", "train.step_delay_s=0.05", "track.tensorboard=true",
+        f"track.mlflow.uri={mlflow_server.uri}", "track.mlflow.experiment=digits", "track.wandb.mode=offline",
+        *POLL,
     )  # fmt: skip
     sweep = the_sweep(home)
     task_dir = sweep / "0"
@@ -57,7 +71,7 @@ def test_a_task_requeued_twice_is_one_tracker_run_with_every_step_once(home: Pat
     assert run.info.run_id == tracked["mlflow"]["run_id"] and run.info.status == "FINISHED"
     assert run.data.params["optim.lr"] == "0.003" and run.data.tags["slurmagent.task"] == "0"
     expected = sorted({json.loads(r)["step"] for r in (task_dir / "metrics.jsonl").read_text().splitlines()})
-    assert expected == list(range(expected[0], expected[0] + 300))  # 300 steps, the axis unbroken
+    assert expected == list(range(expected[0], expected[0] + 200))  # 200 steps, the axis unbroken
     assert steps_of(client, run.info.run_id, "loss") == expected  # each step once, none missing
     assert len(steps_of(client, run.info.run_id, "val_error")) == len(
         set(steps_of(client, run.info.run_id, "val_error"))
@@ -68,6 +82,12 @@ def test_a_task_requeued_twice_is_one_tracker_run_with_every_step_once(home: Pat
     assert [e.step for e in reader.Scalars("loss")] == expected
     assert len(list((task_dir / "tensorboard").glob("events.out.tfevents.*"))) >= 3  # a file a run, one folder
     assert tracked["mlflow"]["behind"] == 0 and tracked["tensorboard"]["behind"] == 0
+
+    runs = wandb_offline_runs(task_dir)  # W&B offline: a run directory a run, all of them the task's one run id
+    assert len(runs) >= 3 and {r[0] for r in runs} == {tracked["wandb"]["run_id"]}, [r[0] for r in runs]
+    assert runs[0][1]["optim"] == {"lr": 0.003, "weight_decay": 0.0}
+    loss_steps = [step for _, _, history in runs for step, values in history if "loss" in values]
+    assert loss_steps == expected
 
 
 def test_a_search_trial_promoted_twice_is_one_tracker_run(home: Path, mlflow_server: Any) -> None:

@@ -20,6 +20,7 @@ from slurmagent.errors import ConfigError
 from slurmagent.track.forward import Forwarder, new_points, read_state
 from slurmagent.track.job import sinks_for
 from slurmagent.track.sinks import Point, RunInfo
+from tests.conftest import wandb_offline_runs
 
 RUN = RunInfo(name="sweep #0", params={"optim.lr": "0.01"}, tags={"slurmagent.task": "0"})
 
@@ -160,6 +161,22 @@ def test_an_mlflow_server_stopped_mid_run_loses_no_point_and_a_requeue_continues
     assert runs[0].data.tags["slurmagent.task"] == "0" and runs[0].info.run_name == "sweep #0"
 
 
+def test_a_requeued_task_continues_its_wandb_run_offline_with_no_point_twice(tmp_path: Path) -> None:
+    task = tmp_path / "task"
+    conf = track_conf({"wandb": {"mode": "offline", "project": "p"}}, check_installed=True)
+    append(task, *steps(1, 10))
+    assert Forwarder(task, sinks_for(conf, task), RUN).close("SCHEDULED", timeout_s=60)
+    append(task, *steps(8, 20), {"step": 20, "epoch": 1, "loss": 0.05, "val_loss": 0.3})  # 8-10 redone
+    assert Forwarder(task, sinks_for(conf, task), RUN).close("FINISHED", timeout_s=60)
+    runs = wandb_offline_runs(task)
+    assert len(runs) == 2  # a run directory for each run of the task: `wandb sync` uploads both into one run
+    run_id = read_state(task)["wandb"]["run_id"]
+    assert {r[0] for r in runs} == {run_id} and runs[0][1] == {"optim.lr": "0.01"}
+    history = [h for _, _, hist in runs for h in hist]
+    assert [s for s, _ in history] == list(range(1, 21))  # each step once, the axis unbroken
+    assert history[-1] == (20, {"loss": 0.05, "val_loss": 0.3})
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -168,6 +185,7 @@ def test_an_mlflow_server_stopped_mid_run_loses_no_point_and_a_requeue_continues
         ({"tensorbord": True}, r"unknown key track.tensorbord.*did you mean track.tensorboard"),
         ({"mlflow": {"url": "http://x"}}, r"unknown key track.mlflow.url.*did you mean track.mlflow.uri"),
         ({"interval_s": 0}, r"track.interval_s=0 must be above 0"),
+        ({"wandb": {"mode": "offlne"}}, r"track.wandb.mode='offlne' is not one of .*offline"),
         ({"mlflow": "http://x"}, r"track.mlflow='http://x' has the wrong type"),
     ],
 )
