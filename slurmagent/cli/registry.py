@@ -50,6 +50,11 @@ COMMANDS: tuple[Command, ...] = (
         "write an HTML report: a plot of every reported metric over steps (PNGs beside it) and the results",
     ),
     Command(
+        "dashboard",
+        "dashboard",
+        "serve a sweep's report on 127.0.0.1, live: every task's progress now, plots rewritten as it runs",
+    ),
+    Command(
         "track",
         "track",
         "send a sweep's metrics its trackers (TensorBoard, MLflow) have not taken yet, to each task's own run",
