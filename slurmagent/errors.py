@@ -7,6 +7,7 @@ value and, where there is a closed set, the valid choices.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 
@@ -72,6 +73,24 @@ class AuditError(SlurmAgentError, RuntimeError):
 
 class ApprovalError(SlurmAgentError, ValueError):
     """An approval cannot be given: unknown id, own action, second vote, expired or decided."""
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` fit to be written down: a URI's user:password@ taken out, and each of `secrets`
+    (a webhook's URL, a password) replaced by ***."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return re.sub(r"(//)[^/@\s]+@", r"\1***@", text)
+
+
+def brief(exc: BaseException, secrets: Iterable[str] = ()) -> str:
+    """An error of a remote service in a few words, redacted: the system's reason when one is in
+    it (a client's retries wrap `[Errno 111] Connection refused` in lines of their own), else its
+    first 200 characters."""
+    text = redact(str(exc), secrets)
+    reason = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    return redact(f"{type(exc).__name__}: {reason.group(1).strip() if reason else text[:200]}", secrets)
 
 
 def choices(values: Iterable[object]) -> str:

@@ -323,6 +323,66 @@ def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
     server.stop()
 
 
+class WebhookReceiver:
+    """A real HTTP server on loopback that records every POST (its path, headers and JSON body);
+    `status` is what it answers (503: a receiver that is up but failing), `stop`/`start` take
+    its port away and back (an outage: connections refused)."""
+
+    def __init__(self) -> None:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/hooks/T0123/B0456/s3cr3t-{uuid.uuid4().hex}"
+        self.posts: list[dict[str, Any]] = []
+        self.status = 200
+        self.server: Any = None
+
+    def start(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if receiver.status == 200:
+                    receiver.posts.append({"path": self.path, "headers": dict(self.headers), "json": json.loads(body)})
+                self.send_response(receiver.status)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    def texts(self) -> list[str]:
+        return [str(p["json"].get("text", "")) for p in self.posts]
+
+
+@pytest.fixture()
+def webhook() -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver()
+    receiver.start()
+    yield receiver
+    receiver.stop()
+
+
+def files_holding(root: Path, secret: str) -> list[str]:
+    """Every file under `root` whose bytes hold `secret` (a test's grep for a leaked secret)."""
+    return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and secret.encode() in p.read_bytes()]
+
+
 @pytest.fixture()
 def weird_tmp_path(tmp_path: Path) -> Path:
     """A directory whose name is hostile to shells: spaces, quotes, $(…), backticks, ;."""

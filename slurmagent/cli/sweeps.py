@@ -60,6 +60,7 @@ def status_args(s: argparse.ArgumentParser) -> None:
 def status(args: argparse.Namespace) -> int:
     """Reads sweep.json; with --refresh it first polls Slurm once (one sacct call)."""
 
+    from slurmagent.notify.outbox import read_ledger, unsent
     from slurmagent.primitives.code import read_snapshot
     from slurmagent.supervise.state import SweepStore, task_json
     from slurmagent.supervise.views import (
@@ -95,6 +96,10 @@ def status(args: argparse.Namespace) -> int:
         snapshot = read_snapshot(state.sweep_dir)
         head = {"sweep_dir": state.sweep_dir, "backend": state.backend, "counts": scan.counts(), "done": scan.done}
         head["code"] = dataclasses.asdict(snapshot) if snapshot is not None else None
+        # notify.*: the messages a channel has not taken (yet); None when the sweep tells nobody
+        head["messages_unsent"] = (
+            [dataclasses.asdict(u) for u in unsent(read_ledger(state.sweep_dir))] if state.notify else None
+        )
         out.write("{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in head.items()) + ' "tasks": [')
         ran = started(state.sweep_dir)
         for n, t in enumerate(scan.tasks()):

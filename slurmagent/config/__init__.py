@@ -11,7 +11,8 @@ One module per kind of setting; import from here (`from slurmagent.config import
   launcher.py      the Hydra launcher's and sweepers' own options
   hpo.py           the adaptive search's settings
   adapt.py         the in-loop controller's settings
-  track.py         the trackers a task's metrics also go to (TensorBoard, MLflow)
+  track.py         the trackers a task's metrics also go to (TensorBoard, MLflow, W&B)
+  notify.py        who is told what happens to a sweep (a webhook, e-mail)
   parse.py         parse_conf: a group into its dataclass, strictly
   registration.py  Hydra's structured configs; Hydra's errors as one-line ConfigErrors
 """
@@ -27,6 +28,7 @@ from slurmagent.config.launcher import (
     SweeperConf,
     validate_launcher,
 )
+from slurmagent.config.notify import NotifyConf, notify_conf
 from slurmagent.config.parse import parse_conf, unknown_key
 from slurmagent.config.registration import SPEC_NODE, config_error, register_configs
 from slurmagent.config.site import (
@@ -101,6 +103,7 @@ __all__ = [
     "JobSpec",
     "LauncherConf",
     "MlflowConf",
+    "NotifyConf",
     "PlateauConf",
     "PriorityConf",
     "RecoveryConf",
@@ -120,6 +123,7 @@ __all__ = [
     "default_site",
     "hpo_conf",
     "job_spec",
+    "notify_conf",
     "parse_conf",
     "register_configs",
     "resolve_target",

@@ -83,3 +83,14 @@ def _numbers(value: Any) -> list[Any]:
     if isinstance(value, Mapping):
         return list(value.values())
     return list(value) if isinstance(value, list) else [value]
+
+
+def parse_part(cls: type[T], value: Any, where: str) -> T:
+    """A nested group of a group (track.mlflow, notify.webhook), parsed as a group of its own;
+    an already-built `cls` passes as it is."""
+    if isinstance(value, cls):
+        return value
+    if value is not None and not isinstance(value, Mapping):
+        keys = ", ".join(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        raise ConfigError(f"{where}={value!r} has the wrong type; expected keys {keys}")
+    return parse_conf(cls, value, where)

@@ -11,6 +11,7 @@ from slurmagent.config.adapt import AdaptConf
 from slurmagent.config.code import CodeConf
 from slurmagent.config.hpo import HpoConf
 from slurmagent.config.launcher import HpoSweeperConf, LauncherConf, SweeperConf
+from slurmagent.config.notify import NotifyConf
 from slurmagent.config.parse import unknown_key
 from slurmagent.config.site import BudgetConf, SiteConf
 from slurmagent.config.spec import CheckpointConf, EnvConf, HealthConf, RecoveryConf, ResourcesConf, TaskConf
@@ -62,6 +63,7 @@ def register_configs() -> None:
     spec["code"] = _typed(CodeConf)  # the sweep's code snapshot (launch/snapshot.py): per sweep, not a job-spec group
     spec["adapt"] = _typed(AdaptConf)  # the in-loop controller (runtime/adapt.py): typed, not a job-spec group
     spec["track"] = _typed(TrackConf)  # the trackers metrics also go to (track/): typed, read by the job
+    spec["notify"] = _typed(NotifyConf)  # who is told what happens (notify/): per sweep, read by its supervisor
     group, name = SPEC_NODE.split("/")
     store.store(group=group, name=name, node=spec, package="_global_", provider="slurmagent")
     store.store(group="hydra/launcher", name="slurmagent", node=_typed(LauncherConf), provider="slurmagent")

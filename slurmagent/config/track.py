@@ -10,12 +10,10 @@ import dataclasses
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from slurmagent.config.parse import parse_conf
+from slurmagent.config.parse import parse_conf, parse_part
 from slurmagent.errors import ConfigError, choices
-
-T = TypeVar("T")
 
 # the schemes an MLflow tracking URI may have (a path with no scheme is a file store too)
 MLFLOW_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
@@ -68,8 +66,8 @@ def track_conf(data: Mapping[str, Any] | None, check_installed: bool = False) ->
     """The `track` group from plain data, checked: errors name the key and the valid values;
     `check_installed` (at submission) also refuses a tracker whose library is not installed here."""
     raw = dict(data or {})
-    ml = _part(MlflowConf, raw.pop("mlflow", None), "track.mlflow")
-    wb = _part(WandbConf, raw.pop("wandb", None), "track.wandb")
+    ml = parse_part(MlflowConf, raw.pop("mlflow", None), "track.mlflow")
+    wb = parse_part(WandbConf, raw.pop("wandb", None), "track.wandb")
     conf = dataclasses.replace(parse_conf(TrackConf, raw, "track"), mlflow=ml, wandb=wb)
     if wb.mode is not None and wb.mode not in WANDB_MODES:
         raise ConfigError(f"track.wandb.mode={wb.mode!r} is not one of {choices(WANDB_MODES)} (null: off)")
@@ -97,13 +95,3 @@ def track_conf(data: Mapping[str, Any] | None, check_installed: bool = False) ->
                     f"pip install 'slurmagent[{extra}]' (where the jobs run too)"
                 )
     return conf
-
-
-def _part(cls: type[T], value: Any, where: str) -> T:
-    """A tracker's own settings (track.mlflow, track.wandb), parsed as a group of its own."""
-    if isinstance(value, cls):
-        return value
-    if value is not None and not isinstance(value, Mapping):
-        keys = ", ".join(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-        raise ConfigError(f"{where}={value!r} has the wrong type; expected keys {keys}")
-    return parse_conf(cls, value, where)

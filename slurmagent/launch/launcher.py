@@ -34,6 +34,7 @@ from slurmagent.commands import slurmagent_command
 from slurmagent.config import (
     JobSpec,
     LauncherConf,
+    NotifyConf,
     SiteConf,
     adapt_conf,
     auto_keys,
@@ -41,6 +42,7 @@ from slurmagent.config import (
     code_conf,
     config_error,
     job_spec,
+    notify_conf,
     parse_conf,
     site_conf,
     spec_dict,
@@ -111,6 +113,7 @@ class Checked:
     schedule: dict[str, Any] = dataclasses.field(default_factory=dict)  # SweepState.schedule
     urgent: bool = False  # resources.priority=urgent, allowed by the policy: recorded through the gate
     code: SnapshotPlan | None = None  # the code snapshot to take (code.snapshot), checked: None for none
+    notify: NotifyConf = dataclasses.field(default_factory=NotifyConf)  # who is told what happens (notify.*)
 
 
 def _distinct(specs: Sequence[JobSpec]) -> list[JobSpec]:
@@ -284,6 +287,10 @@ class ArrayLauncher:
                         "run this launcher inside the image; nothing was submitted"
                     )
         max_array = max_array or DEFAULT_MAX_ARRAY_SIZE
+        try:  # who is told (notify.*): its channels, and their secrets readable here, before submitting
+            notify = notify_conf(spec_dict(self.config, ("notify",)).get("notify"), check_secrets=True)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; nothing was submitted") from None
         code = code_conf(spec_dict(self.config, ("code",)).get("code"))
         # the files and their size checked now; copied when the sweep is opened (once: a batch adds none)
         snap = (
@@ -291,7 +298,7 @@ class ArrayLauncher:
             if wanted(code, backend) and not read_snapshot(sweep_dir)
             else None
         )
-        return Checked(conf, console, sweep_dir, specs, backend, max_array, schedule, urgent, snap)
+        return Checked(conf, console, sweep_dir, specs, backend, max_array, schedule, urgent, snap, notify)
 
     # -- resource scheduling: auto values, priority, budget (slurmagent/schedule/) ----------
     def _site(self) -> SiteConf:
@@ -423,6 +430,7 @@ class ArrayLauncher:
             new = SweepState(str(sweep_dir), backend, str(folder), time.time(), [], [], context_path=str(ctx_path))
             new.launcher, new.job_name, new.site = dataclasses.asdict(conf), name, dataclasses.asdict(site)
             new.schedule = checked.schedule
+            new.notify = dataclasses.asdict(checked.notify) if checked.notify.channels else {}
             add(new)
             store.create(new)
             record_sweep(sweep_dir)  # the user's index: `slurmagent sweeps` finds it from anywhere

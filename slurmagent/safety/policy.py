@@ -90,6 +90,7 @@ class _PolicyConf:
     rules: list[dict[str, Any]]
     approval_ttl_s: float = 86400.0
     shared: bool = True
+    approvers: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ class RulePolicy:
     approval_ttl_s: float = 86400.0  # a pending approval expires after this long
     shared: bool = True  # approvals dir and audit log writable by other users (sticky, like /tmp)
     source: str = ""  # where it was loaded from
+    # who is told that an approval is needed (notify.*): user names, or e-mail addresses (which
+    # also get the e-mail when notify.email is on); telling is all it does — who may vote is the rules'
+    approvers: tuple[str, ...] = ()
 
     def decide(self, action: Action) -> Decision:
         ctx = {**action.metrics_before, **action.context}
@@ -143,7 +147,7 @@ def parse_policy(raw: Any, source: str) -> RulePolicy:
         raise PolicyError(f"policy {source}: {exc}") from None
     if conf.approval_ttl_s <= 0:
         raise PolicyError(f"policy.approval_ttl_s={conf.approval_ttl_s} must be positive")
-    return RulePolicy(conf.name, tuple(rules), float(conf.approval_ttl_s), conf.shared, source)
+    return RulePolicy(conf.name, tuple(rules), float(conf.approval_ttl_s), conf.shared, source, tuple(conf.approvers))
 
 
 def policy_names() -> list[str]:

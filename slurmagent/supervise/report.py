@@ -85,6 +85,7 @@ class Report:
     images: list[Path]  # one PNG per metric
     tasks: int  # tasks in the sweep
     curves: int  # tasks with at least one reported metric
+    best: str = ""  # the best result in a line (a search's best trial, a grid's best run); "" when none
 
 
 @dataclass(frozen=True)
@@ -878,7 +879,10 @@ def write_report(sweep_dir: Path, out: Path | None = None) -> Report:
     best_line = None if trials is not None else grid_best_line(objective, best, values, params)
     page = out / "index.html"
     page.write_text(render_page(state, rows, images, search, best=best, best_line=best_line, params=params))
-    return Report(page, images, len(state.tasks), sum(1 for c in per_task.values() if c))
+    best_text = study_line(state.sweep_dir).partition("; best ")[2] if trials is not None else ""
+    if trials is None and best is not None:
+        best_text = (best_line or "").removeprefix("Best run: ")
+    return Report(page, images, len(state.tasks), sum(1 for c in per_task.values() if c), best_text)
 
 
 def best_of_search(sweep: Path, trials: dict[str, Any]) -> int | None:

@@ -117,6 +117,9 @@ class SweepState:
     # resource scheduling (slurmagent/schedule/): the budget, the predicted and the measured
     # use, every automatic choice with its numbers (plan.Plan.record), the tasks in the history
     schedule: dict[str, Any] = field(default_factory=dict)
+    # who is told what happens to the sweep (config/notify.py's NotifyConf as plain data: the names of
+    # the variables holding secrets, never the secrets); {}: nobody (supervise/notices.py)
+    notify: dict[str, Any] = field(default_factory=dict)
     # what a write in the middle of an edit must persist (SweepStore.write): tasks and intents
     # changed for a submission (`touch`); everything else is written when the edit ends
     touched_tasks: set[int] = field(default_factory=set, init=False, repr=False, compare=False, metadata=TRANSIENT)

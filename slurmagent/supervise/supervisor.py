@@ -23,6 +23,7 @@ from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE
 from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
 from slurmagent.supervise.jobfiles import STDERR_TAIL, job_paths, read_result, stderr_tail, unwrap_return
 from slurmagent.supervise.lead import Lead
+from slurmagent.supervise.notices import Notices
 from slurmagent.supervise.procs import pid_alive
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
@@ -92,6 +93,7 @@ class Supervisor:
             self.study = StudyDriver.open(self.store.dir)
         self._last_submit_try = -float("inf")  # monotonic time of the last try at WAITING tasks
         self.usage = UsageTracker(self.slurm)
+        self._notices: Notices | bool | None = False  # opened from the state at the first poll (None: tells nobody)
 
     # -- one poll ---------------------------------------------------------------
     def _statuses(self, state: SweepState, pending: list[TaskRecord]) -> dict[str, TaskStatus]:
@@ -140,7 +142,20 @@ class Supervisor:
                 ended += asked
             changed |= self.usage.poll(state, ended)  # the history fed, the budget enforced (sacct)
             changed |= self._submit_waiting(state, ended)
+        notices = self.notices(state)
+        if notices is not None:  # after the edit: its end may have marked the sweep finished
+            notices.poll(state, {int(k) for k in self.recoverer.held()})
         return changed
+
+    def notices(self, state: SweepState) -> Notices | None:
+        """Who is told what happens (notify.*), as the sweep was launched with; None: nobody."""
+        if self._notices is False:
+            try:
+                self._notices = Notices.open(self.store.dir, state.notify)
+            except SlurmAgentError as exc:  # checked at submission: a sweep.json edited since
+                log.warning("notify: %s; nobody is told about this sweep", exc)
+                self._notices = None
+        return self._notices if isinstance(self._notices, Notices) else None
 
     def _submit_waiting(self, state: SweepState, ended: int) -> bool:
         """Tasks a submit limit held back (or a killed launcher never submitted) are
@@ -252,6 +267,14 @@ class Supervisor:
                     # finished_at: set by the end of an edit that left every task done; a state
                     # written mid-edit (a resubmission's intent, before its sbatch) is not the end
                     if state.done and state.finished_at is not None and not self.recoverer.has_held():
+                        notices = self.notices(state) if leading else None
+                        if notices is not None:  # what is not sent yet is tried a while longer
+                            for left in notices.flush():
+                                self.console.print(
+                                    f"[sweep] not sent by {left.channel}: {left.event} ({left.error})",
+                                    markup=False,
+                                    highlight=False,
+                                )
                         break
                     if deadline is not None and time.monotonic() > deadline:
                         break

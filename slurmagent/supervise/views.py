@@ -20,6 +20,7 @@ from rich.text import Text
 
 from slurmagent.commands import slurmagent_command
 from slurmagent.files import json_rows
+from slurmagent.notify.outbox import read_ledger, unsent
 from slurmagent.primitives.env import TaskFile
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.track.forward import RUN_KEY
@@ -226,6 +227,18 @@ def track_line(state: SweepState, most: int = 4, indices: list[int] | None = Non
     return "trackers behind: " + "; ".join(parts[:most]) + more + f" — {slurmagent_command('track', state.sweep_dir)}"
 
 
+def unsent_line(sweep_dir: str | Path, most: int = 4) -> str:
+    """The messages (notify.*) a channel has not taken, in a line; empty when all were sent."""
+    left = [
+        f"{u.event} by {u.channel} ({u.state}, {u.tries} tries{': ' + u.error if u.error else ''})"
+        for u in unsent(read_ledger(sweep_dir))
+    ]
+    if not left:
+        return ""
+    more = f"; {len(left) - most} more" if len(left) > most else ""
+    return f"messages not sent: {'; '.join(left[:most])}{more}"
+
+
 def trials_by_state(rows: list[dict[str, Any]]) -> str:
     """`8 trial(s) (3 complete, 5 stopped)`: a search's trials counted by state."""
     counts: dict[str, int] = {}
@@ -297,6 +310,8 @@ def sweep_table(state: SweepState, max_rows: int = 40, summary: Summary | None =
         captions.insert(0, adapted)
     if tracked := track_line(state, indices=summary.indices):
         captions.insert(0, tracked)
+    if state.notify and (untold := unsent_line(state.sweep_dir)):
+        captions.insert(0, untold)
     if schedule := schedule_note(state):
         captions.insert(0, schedule)
     if state.held_back:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Iterable
@@ -24,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from slurmagent.errors import brief
 from slurmagent.files import atomic_write, json_rows
 from slurmagent.primitives.env import TaskFile, metric_values
 from slurmagent.track.sinks import Point, RunInfo, Sink
@@ -32,20 +32,6 @@ log = logging.getLogger(__name__)
 
 BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 30.0, 60.0)  # between tries of a tracker that failed, then 60 s each
 RUN_KEY = "_run"  # track.json's entry for the run's name, params and tags (the others are trackers')
-
-
-def redact(text: str) -> str:
-    """A URI's user:password@ taken out of anything that is written down."""
-    return re.sub(r"(//)[^/@\s]+@", r"\1***@", text)
-
-
-def why(exc: BaseException) -> str:
-    """A tracker's error in a few words: the system's reason when one is in it (a client's
-    retries wrap `[Errno 111] Connection refused` in lines of their own), else its first 200
-    characters; a URI's credentials taken out."""
-    text = str(exc)
-    reason = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
-    return redact(f"{type(exc).__name__}: {reason.group(1).strip() if reason else text[:200]}")
 
 
 def new_points(lines: Iterable[bytes], sent: dict[str, int], ms: int) -> list[Point]:
@@ -120,7 +106,7 @@ class Forwarder:
                 try:
                     sink.end(status)
                 except Exception as exc:
-                    log.warning("tracker %s: could not end its run: %s", sink.name, redact(str(exc)))
+                    log.warning("tracker %s: could not end its run: %s", sink.name, brief(exc))
         if not done:
             behind = {s.name: self.state.get(s.name, {}).get("behind") for s in self.sinks}
             log.warning(
@@ -158,7 +144,7 @@ class Forwarder:
             self._failures[sink.name] = n + 1
             self._next_try[sink.name] = time.monotonic() + BACKOFF_S[min(n, len(BACKOFF_S) - 1)]
             pending = self._pending.get(sink.name)
-            st.update(error=why(exc), behind=len(pending[0]) if pending else None)
+            st.update(error=brief(exc), behind=len(pending[0]) if pending else None)
             st["failed_at"] = time.time()
             if n == 0:
                 log.warning("tracker %s: %s; retrying with back-off", sink.name, st["error"])

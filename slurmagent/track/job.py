@@ -20,23 +20,23 @@ log = logging.getLogger(__name__)
 NOT_PARAMS = ("hydra", "site")  # config groups that are the machinery, not the task's parameters
 
 
-def sinks_for(conf: TrackConf, task_dir: Path) -> list[Sink]:
+def sinks_for(conf: TrackConf, task_dir: Path, sweep_dir: Path | None = None) -> list[Sink]:
     sinks: list[Sink] = []
     if conf.tensorboard:
         sinks.append(TensorBoardSink(task_dir / TaskFile.TENSORBOARD))
     if conf.mlflow.uri is not None:
-        sinks.append(mlflow_sink(conf.mlflow))
+        sinks.append(mlflow_sink(conf.mlflow, sweep_dir=sweep_dir))
     if conf.wandb.mode is not None:
         sinks.append(WandbSink(conf.wandb, task_dir))
     return sinks
 
 
-def mlflow_sink(conf: MlflowConf, running: bool = True) -> MlflowSink:
+def mlflow_sink(conf: MlflowConf, running: bool = True, sweep_dir: Path | None = None) -> MlflowSink:
     # a tracker that does not answer is retried by the forwarder, not inside MLflow's client
     # (its defaults: 7 retries, 120 s timeout); a job's own settings of these win
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    return MlflowSink(conf, running)
+    return MlflowSink(conf, running, sweep_dir)
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -67,7 +67,7 @@ def run_info(config: Mapping[str, Any], overrides: list[str], ctx: JobContext) -
 
 def start(conf: TrackConf, config: Mapping[str, Any], overrides: list[str], ctx: JobContext) -> Forwarder | None:
     """The task's forwarder, started; None when no tracker is on or this rank does not write."""
-    sinks = sinks_for(conf, ctx.output_dir)
+    sinks = sinks_for(conf, ctx.output_dir, ctx.sweep_dir)
     if not sinks or ctx.rank != 0:
         return None
     forwarder = Forwarder(ctx.output_dir, sinks, run_info(config, overrides, ctx), conf.interval_s)
@@ -83,19 +83,20 @@ def sync(task_dir: Path, timeout_s: float) -> dict[str, Any] | None:
     from slurmagent.track.forward import RUN_KEY, read_state
 
     saved = read_state(task_dir)
+    run = saved.get(RUN_KEY) or {}
+    sweep = (run.get("tags") or {}).get("slurmagent.sweep_dir")
     sinks: list[Sink] = []
     if "tensorboard" in saved:
         sinks.append(TensorBoardSink(Path(saved["tensorboard"].get("log_dir") or task_dir / TaskFile.TENSORBOARD)))
     if "mlflow" in saved and saved["mlflow"].get("uri"):
         conf = MlflowConf(uri=saved["mlflow"]["uri"], experiment=saved["mlflow"].get("experiment", "slurmagent"))
-        sinks.append(mlflow_sink(conf, running=False))
+        sinks.append(mlflow_sink(conf, running=False, sweep_dir=Path(sweep) if sweep else None))
     if "wandb" in saved and saved["wandb"].get("mode"):
         w = saved["wandb"]
         conf_w = WandbConf(mode=w["mode"], project=w.get("project", "slurmagent"), entity=w.get("entity"))
         sinks.append(WandbSink(conf_w, Path(w.get("dir") or task_dir)))
     if not sinks:
         return None
-    run = saved.get(RUN_KEY) or {}
     info = RunInfo(run.get("name", task_dir.name), run.get("params", {}), run.get("tags", {}), run.get("config", {}))
     Forwarder(task_dir, sinks, info).close(None, timeout_s)
     return read_state(task_dir)

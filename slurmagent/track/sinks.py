@@ -92,18 +92,50 @@ class TensorBoardSink:
             self.writer = None
 
 
+PARENT_FILE = ".slurmagent/mlflow-parent.json"  # in the sweep directory: the sweep's own MLflow run
+
+
 class MlflowSink:
     """An MLflow run per task in `track.mlflow.experiment`: the task's config as params, its
-    sweep, index and overrides as tags, every metric with its step."""
+    sweep, index and overrides as tags, every metric with its step. A sweep's tasks (a search's
+    trials) are children of one run of the sweep's own (`mlflow.parentRunId`), made by the first
+    task to start — under a lock in the sweep directory, so that there is one — and marked
+    FINISHED at once: it holds the tasks together, not metrics."""
 
     name = "mlflow"
 
-    def __init__(self, conf: MlflowConf, running: bool = True) -> None:
+    def __init__(self, conf: MlflowConf, running: bool = True, sweep_dir: Path | None = None) -> None:
         assert conf.uri is not None
         self.conf = conf
         self.running = running  # a run continued by a job is RUNNING again; by `slurmagent track`, left as it is
+        self.sweep_dir = sweep_dir
         self.client: Any = None
         self.run_id: str | None = None
+
+    def parent(self, experiment: str, run: RunInfo) -> str:
+        """The sweep's run in this experiment: the one a sibling made, or made now."""
+        import json
+
+        from filelock import FileLock
+
+        from slurmagent.files import atomic_write
+
+        assert self.sweep_dir is not None
+        path = self.sweep_dir / PARENT_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        key = {**self.where(), "experiment_id": experiment}
+        with FileLock(str(path) + ".lock"):
+            try:
+                known = json.loads(path.read_text())
+            except (OSError, ValueError):
+                known = {}
+            if known.get("key") == key and known.get("run_id"):
+                return str(known["run_id"])
+            tags = {"slurmagent.sweep_dir": str(self.sweep_dir), "slurmagent.role": "sweep"}
+            made = self.client.create_run(experiment, run_name=run.name.rsplit(" #", 1)[0], tags=tags)
+            self.client.set_terminated(made.info.run_id, status="FINISHED")
+            atomic_write(path, json.dumps({"key": key, "run_id": made.info.run_id}).encode())
+            return str(made.info.run_id)
 
     def where(self) -> dict[str, Any]:
         # without a user:password@ (credentials belong in MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN)
@@ -122,7 +154,10 @@ class MlflowSink:
             found = self.client.get_experiment_by_name(self.conf.experiment)
             name = self.conf.experiment
             experiment = found.experiment_id if found is not None else self.client.create_experiment(name)
-            made = self.client.create_run(experiment, run_name=run.name, tags=run.tags)  # RUNNING
+            tags = dict(run.tags)
+            if self.sweep_dir is not None:
+                tags["mlflow.parentRunId"] = self.parent(experiment, run)
+            made = self.client.create_run(experiment, run_name=run.name, tags=tags)  # RUNNING
             run_id = made.info.run_id
             params = [Param(k, v[:MLFLOW_PARAM_CHARS]) for k, v in run.params.items()]
             for i in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
@@ -176,6 +211,7 @@ class WandbSink:
                 resume="allow",
                 dir=str(self.task_dir),
                 name=run.name,
+                group=run.tags.get("slurmagent.sweep_dir"),  # a sweep's tasks together, as W&B groups runs
                 config=run.config or run.params,
                 mode=self.conf.mode,  # type: ignore[arg-type]
                 reinit="create_new",  # beside a run the training code opened itself

@@ -1,6 +1,7 @@
 """Fire-and-forget sweeps on the real test cluster: a detached sweep whose task must be
 resubmitted completes with the user's shell gone; its supervisor job, preempted once,
-goes on from sweep.json; two `watch` processes on one sweep do not both act."""
+goes on from sweep.json and tells its webhook each event once; two `watch` processes on one
+sweep do not both act."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from fault_cases import sweep_state, wait_for
+
+from tests.conftest import WebhookReceiver, files_holding
 
 pytestmark = pytest.mark.slurm
 
@@ -30,11 +34,12 @@ HOST_OOM = (
 )
 
 
-def launch(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+def launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """The launcher in a session of its own: a login shell that can go away."""
     return subprocess.Popen(
         [sys.executable, "-m", "slurmagent", *args],
         cwd=tmp_path,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -86,45 +91,81 @@ def test_a_detached_sweep_completes_with_the_users_shell_gone(slurm_conf: str, t
     wait_for(lambda: "COMPLETED" in sacct_states(job), "the supervisor job to end COMPLETED", 120, interval=0.5)
 
 
-def test_the_supervisor_job_preempted_once_goes_on_and_the_sweep_completes(slurm_conf: str, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
+NOTIFY_POLICY = """\
+name: notify-test
+approvers: [alice@example.org]
+rules:
+  - {name: requeue, action: requeue, decision: allow}
+  - {name: resubmit-asks, action: resubmit, decision: needs_approval, approvals: 1}
+  - {name: the-rest, action: "*", decision: allow}
+"""
+
+
+def test_the_supervisor_job_preempted_once_goes_on_and_tells_each_event_once(
+    slurm_conf: str, tmp_path: Path, webhook: WebhookReceiver
+) -> None:
+    """A detached sweep from the user's directory with default paths, its webhook's URL in the
+    environment: one task is killed for memory and its resubmission waits for approval (the
+    approvers are told, with the command); the supervisor job is preempted while it waits; its
+    second run tells nothing twice, the rejection ends the task (told, with the cause), the sweep
+    ends (told). Exactly one message per event, and the URL in no file of the sweep."""
+    (tmp_path / "policy.yaml").write_text(NOTIFY_POLICY)
+    env = {**os.environ, "SLURMAGENT_POLICY": str(tmp_path / "policy.yaml"), "NOTIFY_HOOK": webhook.url}
     launcher = launch(
         tmp_path,
         "+experiment=synthetic",
         "cluster=slurm",
+        "synthetic.steps=100",
         "synthetic.step_time_s=0.25",
         "checkpoint.every_steps=5",
+        "resources.mem=256M",
+        "synthetic.alloc_at_step=12",
         "hydra.launcher.supervisor_partition=low",
+        "notify.webhook.url_env=NOTIFY_HOOK",
+        "+resources.extra.mail_type=END",  # Slurm's own mail about the jobs, beside slurmagent's messages
+        "+resources.extra.mail_user=alice@example.org",
         *POLL,
         "-m",
-        "synthetic.steps=100,101",
+        "synthetic.alloc_mb=0,300",
         "--detach",
-        f"hydra.sweep.dir={sweep}",
+        env=env,
     )
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, err
+    (sweep,) = [p for p in tmp_path.glob("multirun/*/*") if (p / "sweep.json").is_file()]
     job = supervisor_job(sweep)
-    node = wait_for(
-        lambda: squeue(job, "%T %N").startswith("RUNNING") and squeue(job, "%N"),
-        "the supervisor job to run",
-        120,
-        interval=0.5,
-    )
-    wait_for(
-        lambda: (sweep / ".slurmagent" / "lead.json").exists(), "the supervisor to take the lead", 60, interval=0.5
-    )
+    asked = wait_for(lambda: [p["json"] for p in webhook.posts], "the approval's message", 180, interval=0.5)
+    assert asked[0]["text"].startswith("for alice@example.org: *approval needed: resubmit"), asked
+    approval = asked[0]["text"].split("slurmagent approve ")[1].split()[0]
+    assert f"slurmagent approve {approval} --sweep {sweep}`" in asked[0]["text"]
+    node = squeue(job, "%N")
     # a high-priority job that needs the supervisor's whole node preempts (requeues) it
     subprocess.run(
         ["sbatch", "-p", "high", "-w", node, "--exclusive", "--time=2", "-o", "/dev/null", "--wrap", "sleep 5"],
         check=True,
         capture_output=True,
     )
-    wait_for(lambda: "(run 2)" in supervisor_log(sweep, job), "the supervisor job's second run", 180, interval=0.5)
+    wait_for(lambda: "[sweep]" in supervisor_log(sweep, job).partition("(run 2)")[2], "the second run's poll", 180, 0.5)
+    time.sleep(5)  # a few polls of the second run: the approval is still pending, and not told again
+    assert len(webhook.posts) == 1, webhook.texts()
+    reject = [sys.executable, "-m", "slurmagent", "reject", approval, "--sweep", str(sweep)]
+    subprocess.run(reject, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=60)
     wait_for(lambda: done(sweep), "the sweep to end", 300, interval=0.5)
-    assert [t["state"] for t in sweep_state(sweep)["tasks"]] == ["COMPLETED", "COMPLETED"]
     wait_for(lambda: "COMPLETED" in sacct_states(job), "the supervisor job to end COMPLETED", 120, interval=0.5)
-    assert "PREEMPTED" in sacct_states(job)
-    assert "the sweep is done" in supervisor_log(sweep, job)
+    assert "PREEMPTED" in sacct_states(job) and "the sweep is done" in supervisor_log(sweep, job)
+    assert [t["state"] for t in sweep_state(sweep)["tasks"]] == ["COMPLETED", "OUT_OF_MEMORY"]
+    ids = sorted(p["headers"]["Idempotency-Key"].split("/")[0] for p in webhook.posts)
+    assert ids == ["approval_needed", "sweep_finished", "task_given_up"], webhook.texts()
+    given_up = next(t for t in webhook.texts() if "given up" in t)
+    assert "(host_oom)" in given_up and "cause: host_oom: " in given_up, given_up
+    assert "sweep finished: 1 of 2 task(s) completed" in webhook.texts()[-1]
+    assert files_holding(sweep, webhook.url) == [] and files_holding(sweep, "s3cr3t") == []
+    # Slurm mailed the array's end to the user named (the cluster's MailProg records, no MTA here)
+    (array,) = {a["job_id"].split("_")[0] for t in sweep_state(sweep)["tasks"] for a in t["attempts"]}
+    mails = Path(slurm_conf).parent.parent / "log" / "mail.jsonl"
+    calls = [json.loads(line)["argv"] for line in mails.read_text().splitlines()] if mails.exists() else []
+    mine = [argv for argv in calls if f"({array})" in " ".join(argv) or f"Job_id={array} " in " ".join(argv)]
+    assert mine and all(argv[-1] == "alice@example.org" and "Ended" in argv[1] for argv in mine), calls[-5:]
 
 
 def supervisor_log(sweep: Path, job: str) -> str:

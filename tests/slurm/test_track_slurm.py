@@ -67,7 +67,9 @@ def test_a_task_requeued_twice_is_one_tracker_run_with_every_step_once(home: Pat
 
     tracked = json.loads((task_dir / "track.json").read_text())
     client = MlflowClient(mlflow_server.uri)
-    (run,) = runs_of(client, "digits")  # one run for the task's three
+    sweep_run, run = sorted(runs_of(client, "digits"), key=lambda r: "slurmagent.task" in r.data.tags)
+    assert sweep_run.data.tags["slurmagent.role"] == "sweep"  # the sweep's own run, and one for the task's three
+    assert run.data.tags["mlflow.parentRunId"] == sweep_run.info.run_id
     assert run.info.run_id == tracked["mlflow"]["run_id"] and run.info.status == "FINISHED"
     assert run.data.params["optim.lr"] == "0.003" and run.data.tags["slurmagent.task"] == "0"
     expected = sorted({json.loads(r)["step"] for r in (task_dir / "metrics.jsonl").read_text().splitlines()})
@@ -102,8 +104,12 @@ def test_a_search_trial_promoted_twice_is_one_tracker_run(home: Path, mlflow_ser
     assert code == 0, out
     trials = json.loads((sweep / "hpo" / "trials.json").read_text())["trials"]
     client = MlflowClient(mlflow_server.uri)
-    runs = {r.data.tags["slurmagent.task"]: r for r in runs_of(client, "search")}
+    every = runs_of(client, "search")
+    (parent,) = [r for r in every if r.data.tags.get("slurmagent.role") == "sweep"]  # the search's own run
+    assert parent.data.tags["slurmagent.sweep_dir"] == str(sweep) and parent.info.status == "FINISHED"
+    runs = {r.data.tags["slurmagent.task"]: r for r in every if r is not parent}
     assert sorted(runs) == sorted(str(t["trial"]) for t in trials)  # one run a trial, promotions included
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent.info.run_id}  # all its children
     twice = [t for t in trials if t["promotions"] >= 2]
     assert twice, trials
     for t in trials:

@@ -16,6 +16,7 @@ from slurmagent.config import (
     CheckpointConf,
     ResourcesConf,
     job_spec,
+    notify_conf,
     parse_conf,
     track_conf,
 )
@@ -236,6 +237,8 @@ def check_group(cfg: Any, key: str) -> None:
         code_conf(plain("code"))
     elif root == "track":
         track_conf(plain("track"))
+    elif root == "notify":
+        notify_conf(plain("notify"))
     elif root == "hpo":  # the search sweeper's own check of its group
         from slurmagent.launch.hpo_sweeper import HpoSweeper
 

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     # other trainers' loops given the job's protocol (Lightning, Hugging Face): what training code
     # uses, like runtime/, which they build on
     # and where a task's metrics go besides its directory (TensorBoard, MLflow), which the job starts
-    ("slurmagent.integrations", "slurmagent.track"),
+    ("slurmagent.integrations", "slurmagent.track", "slurmagent.notify"),
     ("slurmagent.job",),
     ("slurmagent.supervise",),
     ("slurmagent.launch",),

@@ -135,10 +135,10 @@ def test_a_requeued_task_continues_its_tensorboard_run_with_no_point_twice(tmp_p
 def test_an_mlflow_server_stopped_mid_run_loses_no_point_and_a_requeue_continues_the_run(
     tmp_path: Path, mlflow_server: Any
 ) -> None:
-    task = tmp_path / "task"
+    task = tmp_path / "0"
     conf = track_conf({"mlflow": {"uri": mlflow_server.uri, "experiment": "outage"}}, check_installed=True)
     append(task, *steps(1, 5))
-    forwarder = Forwarder(task, sinks_for(conf, task), RUN)
+    forwarder = Forwarder(task, sinks_for(conf, task, tmp_path), RUN)
     assert forwarder.pump(force=True)
     run_id = read_state(task)["mlflow"]["run_id"]
     mlflow_server.stop()
@@ -150,15 +150,21 @@ def test_an_mlflow_server_stopped_mid_run_loses_no_point_and_a_requeue_continues
     assert forwarder.pump(force=True)
     assert forwarder.close("SCHEDULED", timeout_s=30)
     append(task, *steps(11, 15))  # the requeued run redid 11-12
-    assert Forwarder(task, sinks_for(conf, task), RUN).close("FINISHED", timeout_s=30)
+    assert Forwarder(task, sinks_for(conf, task, tmp_path), RUN).close("FINISHED", timeout_s=30)
+    sibling = tmp_path / "1"  # another task of the sweep: the sweep's run is its parent too
+    append(sibling, *steps(1, 2))
+    assert Forwarder(sibling, sinks_for(conf, sibling, tmp_path), RUN).close("FINISHED", timeout_s=30)
     client = MlflowClient(mlflow_server.uri)
     history = client.get_metric_history(run_id, "loss")
     assert [m.step for m in sorted(history, key=lambda m: m.step)] == list(range(1, 16))
     (experiment,) = [e for e in client.search_experiments() if e.name == "outage"]
-    runs = client.search_runs([experiment.experiment_id])
-    assert [r.info.run_id for r in runs] == [run_id]  # one run for the task's whole life
+    every = client.search_runs([experiment.experiment_id])
+    (parent,) = [r for r in every if r.data.tags.get("slurmagent.role") == "sweep"]
+    runs = [r for r in every if r.data.tags.get("slurmagent.task") == "0" and r.info.run_id == run_id]
+    assert len(every) == 3 and len(runs) == 1  # the sweep's run, one run for the task's whole life, the sibling's
+    assert {r.data.tags.get("mlflow.parentRunId") for r in every if r is not parent} == {parent.info.run_id}
     assert runs[0].info.status == "FINISHED" and runs[0].data.params == {"optim.lr": "0.01"}
-    assert runs[0].data.tags["slurmagent.task"] == "0" and runs[0].info.run_name == "sweep #0"
+    assert runs[0].info.run_name == "sweep #0" and parent.info.run_name == "sweep"
 
 
 def test_a_requeued_task_continues_its_wandb_run_offline_with_no_point_twice(tmp_path: Path) -> None:
