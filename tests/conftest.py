@@ -383,6 +383,26 @@ def files_holding(root: Path, secret: str) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and secret.encode() in p.read_bytes()]
 
 
+def browser_dom(page: Path | str, work: Path, budget_ms: int | None = 10000) -> str:
+    """The page (a file, or a URL) as a real headless Chromium leaves it after loading: with
+    `budget_ms`, its scripts and timers run that long in virtual time (a page that reloads
+    itself would be loaded again: pass None to take the first load). Skips where there is no
+    Chromium; fails under CI (tests/run installs Debian's)."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        if IN_CI:  # tests/run installs it: its absence under CI is a broken set-up, not a reason to skip
+            pytest.fail("no Chromium under CI=true (tests/run installs Debian's chromium)")
+        pytest.skip("no Chromium here (tests/run installs Debian's chromium)")
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    argv += ["--disable-component-update", "--disable-sync", "--no-first-run"]
+    argv += [f"--user-data-dir={work / 'chromium-profile'}"]
+    argv += [f"--virtual-time-budget={budget_ms}"] if budget_ms is not None else []
+    url = page.absolute().as_uri() if isinstance(page, Path) else page
+    return subprocess.run([*argv, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+
+
 @pytest.fixture()
 def weird_tmp_path(tmp_path: Path) -> Path:
     """A directory whose name is hostile to shells: spaces, quotes, $(…), backticks, ;."""

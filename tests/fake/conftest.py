@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import IN_CI
 from tests.fake.fake_slurm import FakeSlurm
 
 
@@ -107,34 +106,3 @@ def finish(launcher: subprocess.Popen[str], timeout: float = 180) -> str:
     _, err = launcher.communicate(timeout=timeout)
     assert launcher.returncode == 0, err
     return err
-
-
-def browser_dom(page: Path, work: Path) -> str:
-    """The page as a real headless Chromium leaves it after loading (its scripts run); the
-    test skips where there is no Chromium (tests/run installs Debian's)."""
-    import shutil
-
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        if IN_CI:  # tests/run installs it: its absence under CI is a broken set-up, not a reason to skip
-            pytest.fail("no Chromium under CI=true (tests/run installs Debian's chromium)")
-        pytest.skip("no Chromium here (tests/run installs Debian's chromium)")
-    return subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={work / 'chromium-profile'}",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            page.absolute().as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout

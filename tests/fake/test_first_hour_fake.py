@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from slurmagent.commands import slurmagent_command
-from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state, wait_steps
+from tests.conftest import browser_dom
+from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state, wait_steps
 from tests.fake.fake_slurm import FakeSlurm
 
 DIGITS = (

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.fake.conftest import browser_dom, first_job_id, slurmagent, start, sweep_state, wait_steps
+from tests.conftest import browser_dom
+from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state, wait_steps
 from tests.fake.fake_slurm import FakeSlurm
 
 SEARCH = (

@@ -5,7 +5,6 @@ the page opened in a real headless Chromium twice: the running task's progress h
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -15,20 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI
+from tests.conftest import browser_dom
 
 pytestmark = pytest.mark.browser
-
-
-def chromium_dom(url: str, work: Path) -> str:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        if IN_CI:
-            pytest.fail("no Chromium under CI=true (tests/run installs Debian's chromium)")
-        pytest.skip("no Chromium here (tests/run installs Debian's chromium)")
-    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-    argv += ["--no-first-run", f"--user-data-dir={work / 'chromium-profile'}", "--dump-dom", url]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout
 
 
 def test_the_dashboard_shows_a_running_tasks_progress_changing(home: Path, tmp_path: Path) -> None:
@@ -54,7 +42,7 @@ def test_the_dashboard_shows_a_running_tasks_progress_changing(home: Path, tmp_p
         assert re.search(r"ssh -N -L (\d+):127\.0\.0\.1:\1 \S+@\S+", tunnel), tunnel
 
         def task_row() -> str:
-            dom = chromium_dom(url.group(0), tmp_path)
+            dom = browser_dom(url.group(0), tmp_path, budget_ms=None)  # the first load: it reloads itself
             row = re.search(r'<tr id="task-0">(.*?)</tr>', dom)
             assert row, dom[-2000:]
             return row.group(1)

@@ -260,3 +260,36 @@ def test_a_local_sweep_tells_the_webhook_once_per_event_and_writes_its_url_nowhe
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert json.loads(status.stdout)["messages_unsent"] == [], status.stdout
     assert time.monotonic() - t0 < 300
+
+
+def test_a_resubmitted_failure_and_a_spent_budget_are_each_one_event(tmp_path: Path) -> None:
+    """From the recovery's own record (history.jsonl) and the budget's mark in the sweep state:
+    a failure the gate let resubmit says what changes; the budget says how many tasks never started;
+    a successor reading everything again derives the same ids."""
+    from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path / ".submitit"), time.time(), [])
+    state.tasks = [
+        TaskRecord(0, ["x=1"], [Attempt("7_0", 0, "OUT_OF_MEMORY"), Attempt("9_0", 0, "RUNNING")], "RUNNING"),
+        TaskRecord(1, ["x=2"], [], "CANCELLED", error="CANCELLED: not started, the sweep's budget is reached (cost)"),
+    ]
+    state.schedule["stopped"] = "cost 2.10 of 2.00 spent"
+    resubmitted = {
+        "index": 0, "job_id": "7_0", "attempt": 1, "plan": "resubmit", "plan_reason": "host OOM: --mem ×1.5",
+        "diagnosis": {"cause": "host_oom", "summary": "The job ran out of host memory.",
+                      "evidence": [{"source": "/x/7_0_log.err", "line": 3, "text": "oom-kill event"}]},
+        "action": {"params": {"mem": ["1G", "1536M"]}}, "decision": {"verdict": "allow"},
+    }  # fmt: skip
+    denied = {**resubmitted, "index": 1, "decision": {"verdict": "deny"}}
+    (tmp_path / "history.jsonl").write_text(json.dumps(resubmitted) + "\n" + json.dumps(denied) + "\n")
+    conf = notify_conf({"webhook": {"url_env": HOOK_ENV}})
+    first = Notices(tmp_path, conf).events(state, set())
+    assert [e.id for e in first] == ["task_failed/0/1", "budget_reached"]
+    failed, budget = first
+    assert failed.lines[:3] == [
+        "cause: host_oom: The job ran out of host memory.",
+        "seen: oom-kill event (7_0_log.err:3)",
+        "next: resubmitted as attempt 2 with mem 1G → 1536M",
+    ]
+    assert budget.title == "the sweep's budget is reached: 1 task(s) not started"
+    assert [e.id for e in Notices(tmp_path, conf).events(state, set())] == [e.id for e in first]

@@ -387,7 +387,7 @@ def test_a_categorical_override_gets_its_values_as_ticks() -> None:
 # -- in a real browser ------------------------------------------------------------------------------------
 @pytest.mark.browser
 def test_both_reports_render_in_a_real_browser(grid: Path, search: Path, tmp_path: Path) -> None:
-    from tests.fake.conftest import browser_dom  # fails, not skips, without Chromium under CI=true
+    from tests.conftest import browser_dom  # fails, not skips, without Chromium under CI=true
 
     for sweep_dir, best_row in ((grid, "★ 1"), (search, None)):
         dom = browser_dom(sweep_dir / "report" / "index.html", tmp_path)
