@@ -70,7 +70,7 @@ def start(conf: TrackConf, config: Mapping[str, Any], overrides: list[str], ctx:
     sinks = sinks_for(conf, ctx.output_dir, ctx.sweep_dir)
     if not sinks or ctx.rank != 0:
         return None
-    forwarder = Forwarder(ctx.output_dir, sinks, run_info(config, overrides, ctx), conf.interval_s)
+    forwarder = Forwarder(ctx.output_dir, sinks, run_info(config, overrides, ctx), conf.interval_s, ctx.stop_at)
     forwarder.start()
     log.info("metrics go to %s too (track.*)", ", ".join(s.name for s in sinks))
     return forwarder

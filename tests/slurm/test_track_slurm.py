@@ -118,3 +118,5 @@ def test_a_search_trial_promoted_twice_is_one_tracker_run(home: Path, mlflow_ser
         points = client.get_metric_history(run.info.run_id, "val_error")
         steps = sorted(m.step for m in points)
         assert len(steps) == len(set(steps)) == t["epochs"], (t, steps)  # each epoch's value once across promotions
+        rungs = steps_of(client, run.info.run_id, "slurmagent.rung")  # a point for each rung it was run to
+        assert len(rungs) == t["promotions"] + 1 and rungs[-1] == t["epochs"], (t, rungs)

@@ -119,6 +119,27 @@ def scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in reader.Scalars(tag)]
 
 
+def test_interventions_and_rungs_reach_the_tracker_once_on_the_training_step_axis(tmp_path: Path) -> None:
+    """The controller's records (adapt.jsonl) and a search trial's rungs go with the metrics:
+    a promotion (a second run asked to reach rung 3) adds a rung point; nothing is sent twice."""
+    task = tmp_path / "task"
+    conf = track_conf({"tensorboard": True})
+    append(task, *steps(1, 6))
+    adapt = [{"step": 4, "kind": "lr_backoff", "applied": True}, {"step": 6, "kind": "restart_schedule"}]
+    (task / "adapt.jsonl").write_text("".join(json.dumps(r) + "\n" for r in adapt))
+    assert Forwarder(task, sinks_for(conf, task), RUN, stop_at=1).close("SCHEDULED", timeout_s=30)
+    append(task, *steps(7, 9))
+    with open(task / "adapt.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 8, "kind": "lr_backoff", "applied": False}) + "\n")
+    assert Forwarder(task, sinks_for(conf, task), RUN, stop_at=3).close("FINISHED", timeout_s=30)
+    log_dir = task / "tensorboard"
+    assert scalars(log_dir, "slurmagent.rung") == [(1, 1.0), (3, 3.0)]
+    assert scalars(log_dir, "slurmagent.adapt.lr_backoff") == [(4, 1.0), (8, 0.0)]
+    assert scalars(log_dir, "slurmagent.adapt.restart_schedule") == [(6, 0.0)]
+    assert [s for s, _ in scalars(log_dir, "loss")] == list(range(1, 10))
+    assert read_state(task)["tensorboard"]["adapt_offset"] == (task / "adapt.jsonl").stat().st_size
+
+
 def test_a_requeued_task_continues_its_tensorboard_run_with_no_point_twice(tmp_path: Path) -> None:
     task = tmp_path / "task"
     conf = track_conf({"tensorboard": True})
