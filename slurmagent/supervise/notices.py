@@ -212,7 +212,7 @@ class Notices:
         budget = budget_reached(state)
         if budget is not None:
             events.append(budget)
-        if state.done and state.finished_at is not None:
+        if state.done and state.finished_at is not None and "sweep_finished" in self.conf.events:
             key = f"sweep_finished/{state.finished_at:.0f}"
             if key not in self.outbox.known():  # the report is written once, for the message
                 events.append(sweep_finished(state, *self._report()))
