@@ -43,8 +43,10 @@ def override_key(override: str) -> str:
     return override.lstrip("+~").partition("=")[0]
 
 
-# how a job is run, not what it computes: left out of the fingerprint (but the GPU count stays)
-NOT_WORK = ("resources.*", "cluster", "checkpoint.*", "recovery.*", "health.*", "budget.*", "site.*", "hydra.*")
+# how a job is run, not what it computes: left out of the fingerprint (but the GPU count stays);
+# where its metrics also go (track.*) and who is told (notify.*) do not change its run time either
+NOT_WORK = ("resources.*", "cluster", "checkpoint.*", "recovery.*", "health.*", "budget.*", "site.*", "hydra.*",
+            "track.*", "notify.*")  # fmt: skip
 WORK_RESOURCES = ("resources.gpus", "resources.nodes", "resources.tasks_per_node")
 
 

@@ -22,6 +22,7 @@ from fault_cases import slurmagent_cli, sweep_state, wait_for
 
 from slurmagent.config import SchedulingConf
 from slurmagent.schedule.history import HistoryRow, HistoryStore, fingerprint
+from tests.conftest import WebhookReceiver
 
 pytestmark = pytest.mark.slurm
 
@@ -134,10 +135,13 @@ def test_a_sweep_over_budget_is_refused_with_nothing_submitted(slurm_conf: str, 
     assert "budget.user_month_gpu_hours=0.1; nothing was submitted" in month.stderr and not sweep.exists()
 
 
-def test_spend_from_sacct_stops_new_tasks_under_a_partition_cap(slurm_conf: str, tmp_path: Path) -> None:
+def test_spend_from_sacct_stops_new_tasks_under_a_partition_cap(
+    slurm_conf: str, tmp_path: Path, webhook: WebhookReceiver
+) -> None:
     """The history says this work takes 5 s (recorded rows); it takes about 12 s. The budget
     fits the prediction (4 × 6 s × 1 GPU) but not what sacct measures: once spend reaches it,
-    the waiting task is not started. The cap keeps one job in partition gpu at a time."""
+    the waiting task is not started, and the webhook is told so, once. The cap keeps one job in
+    partition gpu at a time."""
     work = ["+experiment=synthetic", "cluster=slurm", "synthetic.steps=40", "synthetic.step_time_s=0.25"]
     tasks = [f"synthetic.x=0.{i}" for i in range(1, 5)]
     res = ["resources.partition=gpu", "resources.gpus=1", "resources.gpu_type=t4", "resources.time=00:05:00"]
@@ -152,8 +156,9 @@ def test_spend_from_sacct_stops_new_tasks_under_a_partition_cap(slurm_conf: str,
     sweep = tmp_path / "sweep"
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurmagent", *work, *POLL, "-m", ",".join(tasks).replace(",synthetic.x=", ","),
-         *res, *budget, f"hydra.sweep.dir={sweep}"],
-        cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+         *res, *budget, f"hydra.sweep.dir={sweep}", "notify.webhook.url_env=BUDGET_HOOK", "notify.webhook.format=json"],
+        cwd=tmp_path, env={**env_for(tmp_path), "BUDGET_HOOK": webhook.url}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     most = 0
     while proc.poll() is None:
@@ -171,6 +176,9 @@ def test_spend_from_sacct_stops_new_tasks_under_a_partition_cap(slurm_conf: str,
     assert any(r["action"] == "cancel" and r["rule"].endswith(":cancel-over-budget") for r in audit)
     status = cli(["status", str(sweep)], tmp_path)
     assert "budget reached" in status.stdout.replace("\n", " "), status.stdout
+    told = [p["json"] for p in webhook.posts]
+    assert [m["event"] for m in told] == ["budget_reached", "sweep_finished"], told
+    assert told[0]["not_started"] == 1 and "spent" in told[0]["why"], told[0]
 
 
 def test_time_min_job_is_backfilled_into_a_hole_and_requeued_at_its_shortened_limit(
