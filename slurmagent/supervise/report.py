@@ -39,6 +39,7 @@ from slurmagent.supervise.views import (
     columns,
     load_trials,
     result_rows,
+    search_best,
     study_line,
     summary_line,
     task_dir,
@@ -879,7 +880,7 @@ def write_report(sweep_dir: Path, out: Path | None = None) -> Report:
     best_line = None if trials is not None else grid_best_line(objective, best, values, params)
     page = out / "index.html"
     page.write_text(render_page(state, rows, images, search, best=best, best_line=best_line, params=params))
-    best_text = study_line(state.sweep_dir).partition("; best ")[2] if trials is not None else ""
+    best_text = search_best(trials) if trials is not None else ""  # the trials read above, not read again
     if trials is None and best is not None:
         best_text = (best_line or "").removeprefix("Best run: ")
     return Report(page, images, len(state.tasks), sum(1 for c in per_task.values() if c), best_text)

@@ -256,13 +256,21 @@ def study_line(sweep_dir: str | Path) -> str:
     budget = trials.get("budget", {})
     of = f" of {budget['epochs']}" if budget.get("epochs") else ""
     line = f"search: {trials_by_state(rows)}, {trials.get('spent_epochs', 0)}{of} epoch(s) asked"
-    finite = [r for r in rows if r.get("value") is not None and r.get("epochs")]
-    if finite:
-        top = max(r["epochs"] for r in finite)
-        pick = min if trials.get("direction") == "minimize" else max
-        best = pick((r for r in finite if r["epochs"] == top), key=lambda r: r["value"])
-        line += f"; best {trials.get('objective')}={best['value']:.6g} (trial {best['trial']}, {top} epoch(s))"
+    if best := search_best(trials):
+        line += f"; best {best}"
     return line + ("; finished" if trials.get("finished") else "")
+
+
+def search_best(trials: dict[str, Any]) -> str:
+    """A search's best so far, among the trials that went furthest: `val_error=0.031 (trial 4,
+    9 epoch(s))`; empty before any trial has a value."""
+    finite = [r for r in trials.get("trials", []) if r.get("value") is not None and r.get("epochs")]
+    if not finite:
+        return ""
+    top = max(r["epochs"] for r in finite)
+    pick = min if trials.get("direction") == "minimize" else max
+    best = pick((r for r in finite if r["epochs"] == top), key=lambda r: r["value"])
+    return f"{trials.get('objective')}={best['value']:.6g} (trial {best['trial']}, {top} epoch(s))"
 
 
 def _short(value: Any) -> str:
