@@ -163,6 +163,7 @@ def _jobs(args: PlanArgs, hydra_over: list[str], task_over: list[str]) -> tuple[
 
 def plan_sweep(args: PlanArgs) -> tuple[list[PlannedJob], dict[str, Any]]:
     """Every distinct job of the launch `args` describes, planned as the launcher would."""
+    from slurmagent.launch.backend import resolve_backend
     from slurmagent.launch.sweeper import spec_relevant
     from slurmagent.skills.config_validator import memory_need_gib
 
@@ -181,12 +182,15 @@ def plan_sweep(args: PlanArgs) -> tuple[list[PlannedJob], dict[str, Any]]:
             cfg = composed[key]
             if planner is None:
                 site = site_conf(spec_dict(cfg, ("site",)).get("site"))
-                on_slurm = job_spec(spec_dict(cfg)).cluster != "local" and slurm.available()
+                where = resolve_backend(job_spec(spec_dict(cfg)).cluster, slurm)  # as the launcher decides it
+                on_slurm = where.queued
                 cluster = ClusterInfo.query(slurm) if on_slurm else None
                 history = HistoryStore(default_history_path(site.scheduling.history))
                 planner = SweepPlanner(site, history, cluster, slurm if on_slurm else None)
                 budget = budget_conf(spec_dict(cfg, ("budget",)).get("budget"))
-                context.update(site=site, budget=budget, on_slurm=on_slurm, cluster=cluster, history=history)
+                context.update(
+                    site=site, budget=budget, on_slurm=on_slurm, where=where, cluster=cluster, history=history
+                )
             spec = job_spec(spec_dict(cfg))
             experiment = cfg.hydra.runtime.choices.get("experiment") or experiment_name(overrides)
 
@@ -222,7 +226,7 @@ def plan(ns: argparse.Namespace) -> int:
     per_task = [p.plan.usage(site) for p in plans for _ in p.tasks]
     predicted = total(per_task)
     over_budget = over(ctx["budget"], predicted)
-    backend = "slurm" if ctx["on_slurm"] else "local"
+    backend = ctx["where"].name
     if args.as_json:
         print(json.dumps(_json(args, plans, site, predicted, over_budget, backend, ctx), indent=1))
         return 0

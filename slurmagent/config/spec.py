@@ -18,7 +18,6 @@ from slurmagent.syntax import mem_to_mb, slurm_time_to_seconds
 
 ClusterChoice = Literal["auto", "slurm", "local"]  # where jobs run; auto = Slurm when its commands answer
 CLUSTER_CHOICES: tuple[str, ...] = typing.get_args(ClusterChoice)
-Backend = Literal["slurm", "local", "none"]  # where a job runs now ("none": plain python, no launcher)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ class Slurmagent(TrainerCallback):
         self._args = args
         out, ctx = _output_dir(args).resolve(), self.bridge.ctx
         own = out == self.bridge.checkpoint_dir.resolve() or out.is_relative_to(ctx.output_dir.resolve())
-        if not own and ctx.backend in ("slurm", "local"):  # in a job: a directory other tasks may share
+        if not own and ctx.where.launched:  # in a job: a directory other tasks may share
             raise ConfigError(
                 f"TrainingArguments(output_dir={args.output_dir!r}) is outside this task's directory "
                 f"{ctx.output_dir}: the tasks of a sweep would resume from each other's checkpoints; pass "

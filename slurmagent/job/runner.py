@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from slurmagent.files import atomic_write
+from slurmagent.primitives.backends import backend_named
 from slurmagent.primitives.code import import_from_snapshot
 from slurmagent.primitives.env import JobEnv, slurm_job_id
 from slurmagent.primitives.wake import wake
@@ -54,7 +55,7 @@ class SweepRunner:
     requeued run starts from that: no context to unpickle, no composition."""
 
     context_path: str  # the sweep's pickled context
-    backend: str  # "slurm" or "local"
+    backend: str  # the backend's name ("slurm" or "local"): a plain string in the task's pickle
     sweep_dir: str  # the sweep directory
 
     def __call__(self, payload: TaskPayload) -> Any:
@@ -83,7 +84,8 @@ class SweepRunner:
                 JobEnv.JOB_ID: job_id,
             }
         )
-        if self.backend == "local":  # no batch script exported env.vars (slurm/sbatch.env_lines): this process does
+        if not backend_named(self.backend).exports_env:
+            # no batch script exported env.vars (slurm/sbatch.env_lines): this process does
             env = sweep_config.get("env") or {}
             os.environ.update({str(k): str(v) for k, v in (env.get("vars") or {}).items()})
         restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)

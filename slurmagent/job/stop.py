@@ -28,6 +28,7 @@ from typing import Any, cast
 from slurmagent.config import RecoveryConf
 from slurmagent.errors import SlurmAgentError, TaskFailedError
 from slurmagent.files import atomic_write
+from slurmagent.primitives.backends import Backend
 from slurmagent.primitives.signals import StopFlag, install_handlers, restore_handlers, signal_number
 from slurmagent.records import ACTION_KINDS, Action, ActionKind, Evidence
 from slurmagent.runtime.context import Approval, JobContext
@@ -50,7 +51,7 @@ class GraceWindow:
     `recovery.signal_delay_s` before the time limit; after SIGTERM, Slurm kills at KillWait
     (asked from Slurm once, on the first SIGTERM, unless `recovery.kill_wait_s` is set)."""
 
-    def __init__(self, recovery: RecoveryConf, backend: str, slurm: SlurmCLI | None = None) -> None:
+    def __init__(self, recovery: RecoveryConf, backend: Backend, slurm: SlurmCLI | None = None) -> None:
         self.recovery = recovery
         self.backend = backend
         self._slurm = slurm
@@ -61,7 +62,7 @@ class GraceWindow:
             return float(self.recovery.signal_delay_s)
         if signum != signal.SIGTERM:
             return None
-        if self._kill_wait is None and self.backend == "slurm":
+        if self._kill_wait is None and self.backend.queued:  # KillWait is the scheduler's
             try:
                 self._kill_wait = (self._slurm or SlurmCLI(timeout=5)).kill_wait_s()
             except SlurmAgentError:
@@ -199,7 +200,7 @@ def handle_stop(
     """After the loop's stop checkpoint: requeue this job (through the action gate) as the
     stop's reason demands; see the module docstring."""
     recovery = recovery or RecoveryConf()
-    if ctx.backend != "slurm" or ctx.slurm_requeue_id is None:
+    if not ctx.where.queued or ctx.slurm_requeue_id is None:
         log.warning("stopped at step %d (%s); no Slurm here to requeue", stop.step, stop.reason)
         return
     if ctx.rank != 0:

@@ -71,12 +71,12 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
         ctx = replace(ctx, stop_at=stop_at)
     ctx = replace(ctx, approve=LoopApprover(ctx))  # the step loop's in-loop actions go through the gate
     previous: dict[int, Any] = {}
-    if spec.task.command is None and ctx.backend in ("slurm", "local"):
+    if spec.task.command is None and ctx.where.launched:
         flag = StopFlag()
         signals = [signal_number(spec.recovery.signal), signal.SIGTERM, signal.SIGCONT]
         previous = install_handlers(flag, signals)
         release_stop_signals()  # a stop held since the process started (job/boot.py) lands on the flag now
-        ctx = replace(ctx, signals=StopSignals(flag, GraceWindow(spec.recovery, ctx.backend, slurm)))
+        ctx = replace(ctx, signals=StopSignals(flag, GraceWindow(spec.recovery, ctx.where, slurm)))
     set_current(ctx)
     os.environ.update(ctx.to_env())
     if ctx.world_size > 1:  # torchrun's variables: init_process_group("gloo"/"nccl") needs no arguments

@@ -19,6 +19,7 @@ from submitit.slurm.slurm import SlurmJob
 from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
 from slurmagent.job.runner import SweepRunner, TaskPayload
+from slurmagent.primitives.backends import Backend, LocalBackend, SlurmBackend
 from slurmagent.primitives.submitit_layout import job_paths, place_pickle, staged_pickle, staging_folder
 from slurmagent.safety.paths import state_dir
 from slurmagent.slurm.container import python_words, wrap
@@ -42,17 +43,18 @@ SUBMITIT_NAMED = {
 }
 
 
-def resolve_backend(choice: str, slurm: SlurmCLI) -> str:
+def resolve_backend(choice: str, slurm: SlurmCLI) -> Backend:
+    """`cluster=auto|slurm|local` made a backend: auto is Slurm when its commands answer."""
     if choice == "local":
-        return "local"
+        return LocalBackend()
     if slurm.available():
-        return "slurm"
+        return SlurmBackend()
     if choice == "slurm":
         raise SlurmUnavailableError(
             "cluster=slurm but Slurm does not answer (sinfo failed or is not installed); check SLURM_CONF and that "
             "slurmctld runs, or use cluster=local (or cluster=auto to fall back automatically)"
         )
-    return "local"
+    return LocalBackend()
 
 
 def slurm_parameters(
@@ -102,7 +104,7 @@ class SubmititSubmitter:
         conf = parse_conf(LauncherConf, state.launcher, "hydra.launcher")
         folder = Path(state.submitit_folder)
         executor = make_executor(
-            state.backend, folder, spec, conf, len(tasks), state.job_name, self.slurm, comment, Path(state.sweep_dir)
+            state.where, folder, spec, conf, len(tasks), state.job_name, self.slurm, comment, Path(state.sweep_dir)
         )
         runner = SweepRunner(state.context_path, state.backend, state.sweep_dir)
         # a resubmission carries its adjusted resources, so the job's config says what it got; each
@@ -231,7 +233,7 @@ def job_binds(sweep_dir: Path, folder: Path, spec: JobSpec) -> list[str]:
 
 
 def make_executor(
-    backend: str,
+    backend: Backend,
     folder: Path,
     spec: JobSpec,
     launcher: LauncherConf,
@@ -241,7 +243,7 @@ def make_executor(
     comment: str = "",
     sweep_dir: Path | None = None,
 ) -> submitit.Executor:
-    if backend == "slurm":
+    if backend.queued:
         wrapped = wrap(spec.env, job_binds(sweep_dir or folder, folder, spec), os.getcwd(), spec.resources.gpus)
         # submitit's own default: the launcher's interpreter; in a container, the job's host side (this
         # interpreter: it relays Slurm's commands through a socket in submitit's folder) and the runtime's argv

@@ -58,6 +58,7 @@ from slurmagent.launch.index import record_sweep
 from slurmagent.launch.probe import check_environments, probe_mode
 from slurmagent.launch.snapshot import SnapshotPlan, plan_snapshot, wanted, write_snapshot
 from slurmagent.launch.sweeper import spec_relevant
+from slurmagent.primitives.backends import Backend
 from slurmagent.primitives.code import read_snapshot
 from slurmagent.primitives.env import check_checkpoint_dir
 from slurmagent.primitives.signals import InterruptAtSleep
@@ -108,7 +109,7 @@ class Checked:
     console: Console
     sweep_dir: Path
     specs: list[JobSpec]
-    backend: str
+    backend: Backend
     max_array: int
     schedule: dict[str, Any] = dataclasses.field(default_factory=dict)  # SweepState.schedule
     urgent: bool = False  # resources.priority=urgent, allowed by the policy: recorded through the gate
@@ -238,7 +239,7 @@ class ArrayLauncher:
         probe = probe_mode(self.config.get("probe", "auto"))
         backend = resolve_backend(specs[0].cluster, self.slurm)
         max_array = conf.max_array_size
-        info = ClusterInfo.query(self.slurm) if backend == "slurm" else None
+        info = ClusterInfo.query(self.slurm) if backend.queued else None
         urgent = any(s.resources.priority == "urgent" for s in specs)
         if urgent:
             self._may_use_urgent(policy, sweep_dir)
@@ -427,7 +428,7 @@ class ArrayLauncher:
                 add(existing)
         else:
             site = site_conf(spec_dict(self.config, ("site",)).get("site"))
-            new = SweepState(str(sweep_dir), backend, str(folder), time.time(), [], [], context_path=str(ctx_path))
+            new = SweepState(str(sweep_dir), backend.name, str(folder), time.time(), [], [], context_path=str(ctx_path))
             new.launcher, new.job_name, new.site = dataclasses.asdict(conf), name, dataclasses.asdict(site)
             new.schedule = checked.schedule
             new.notify = dataclasses.asdict(checked.notify) if checked.notify.channels else {}
@@ -460,11 +461,11 @@ class ArrayLauncher:
         submitter = SubmititSubmitter(self.slurm)
         with store.edit() as state:  # each array's intent and job ids: appended to the state's journal
             report = submit_waiting(
-                state, lambda: store.write(state), submitter, self.slurm if backend == "slurm" else None, max_array
+                state, lambda: store.write(state), submitter, self.slurm if backend.queued else None, max_array
             )
-        arrays = f"array(s) {', '.join(report.arrays)}" if backend == "slurm" else "local process(es)"
+        arrays = f"array(s) {', '.join(report.arrays)}" if backend.queued else "local process(es)"
         lines = [
-            f"{report.submitted} task(s) submitted to {backend} as {len(report.arrays)} {arrays} in "
+            f"{report.submitted} task(s) submitted to {backend.name} as {len(report.arrays)} {arrays} in "
             f"{time.monotonic() - t0:.2f}s; sweep dir {sweep_dir}"
         ]
         if report.waiting:

@@ -21,6 +21,7 @@ from pathlib import Path
 from slurmagent.config import CodeConf
 from slurmagent.errors import ConfigError
 from slurmagent.files import atomic_write
+from slurmagent.primitives.backends import Backend
 from slurmagent.primitives.code import CODE_DIR, SNAPSHOT_FILE, CodeSnapshot, files_dir, snapshot_json
 
 HYDRA_OUTPUTS = ("multirun", "outputs")  # Hydra's default output folders: results, not code
@@ -123,5 +124,5 @@ def write_snapshot(plan: SnapshotPlan, sweep_dir: Path) -> CodeSnapshot:
     return snapshot
 
 
-def wanted(conf: CodeConf, backend: str) -> bool:
-    return conf.snapshot == "on" or (conf.snapshot == "auto" and backend == "slurm")
+def wanted(conf: CodeConf, backend: Backend) -> bool:
+    return conf.snapshot == "on" or (conf.snapshot == "auto" and backend.snapshot_by_default)

@@ -17,12 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurmagent.config import Backend, CheckpointConf, HealthConf, parse_conf
+from slurmagent.config import CheckpointConf, HealthConf, parse_conf
 from slurmagent.errors import ConfigError
+from slurmagent.primitives.backends import BACKENDS, Backend, BackendName, backend_named
 from slurmagent.primitives.env import JobEnv, slurm_job_id
 from slurmagent.primitives.signals import StopSignals
-
-BACKENDS: tuple[Backend, ...] = ("slurm", "local", "none")
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class Approver(Protocol):
 
 @dataclass(frozen=True)
 class JobContext:
-    backend: Backend  # "slurm", "local" or "none" (plain python, no launcher)
+    backend: BackendName  # "slurm", "local" or "none" (plain python, no launcher); `where` is its class
     job_id: str | None  # Slurm job id ("123_4" for an array task) or local pid
     array_job_id: str | None  # SLURM_ARRAY_JOB_ID
     array_task_id: int | None  # SLURM_ARRAY_TASK_ID
@@ -76,6 +75,11 @@ class JobContext:
     signals: StopSignals | None = field(default=None, compare=False, repr=False)
     # the gate for the loop's in-loop actions (slurmagent.job hands it over); None: act and record locally
     approve: Approver | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def where(self) -> Backend:
+        """Where this job runs: every way the backends differ is asked of it."""
+        return backend_named(self.backend)
 
     @property
     def slurm_requeue_id(self) -> str | None:
@@ -143,7 +147,7 @@ def context_from_env(
     array_task = env.get("SLURM_ARRAY_TASK_ID")
     job_id = slurm_job_id(env) or env.get(JobEnv.JOB_ID)
     named = env.get(JobEnv.BACKEND)
-    backend: Backend = next((b for b in BACKENDS if b == named), "slurm" if slurm_id else "none")
+    backend: BackendName = BACKENDS[named].name if named in BACKENDS else "slurm" if slurm_id else "none"
     try:
         resources = json.loads(env.get(JobEnv.RESOURCES, "{}"))
     except ValueError:

@@ -40,9 +40,9 @@ from slurmagent.config import LauncherConf, RecoveryConf, ResourcesConf, parse_c
 from slurmagent.errors import ConfigError, SlurmAgentError
 from slurmagent.files import atomic_write
 from slurmagent.job.stop import requeue_supervisor_job
+from slurmagent.primitives.procs import cmdline
 from slurmagent.slurm.sbatch import safe_directive_value, safe_job_name, sbatch_flags, stop_flags
 from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI
-from slurmagent.supervise.procs import cmdline
 from slurmagent.supervise.state import SweepState, SweepStore
 from slurmagent.supervise.submission import Submitter
 from slurmagent.supervise.supervisor import Supervisor
@@ -107,7 +107,7 @@ def start_detached(state: SweepState, conf: LauncherConf, slurm: SlurmCLI, accou
         return f"its supervisor already runs ({describe(running)})"
     how = conf.supervisor
     if how == "auto":
-        how = "job" if state.backend == "slurm" else "process"
+        how = "job" if state.where.queued else "process"  # a supervisor job where there is a queue
     note = ""
     record: dict[str, Any]
     if how == "job":

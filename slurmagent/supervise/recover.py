@@ -82,7 +82,7 @@ class Recoverer:
         resolve_policy(sweep_dir)  # a broken policy is reported now, not at the first failure
 
     def cluster(self, state: SweepState) -> ClusterInfo | None:
-        if state.backend != "slurm":
+        if not state.where.queued:
             return None
         if self._cluster is None:
             self._cluster = ClusterInfo.query(self.slurm)
@@ -93,7 +93,7 @@ class Recoverer:
         if task.state not in RECOVERABLE_STATES or not state.spec_of(task) or task.job_id is None:
             return
         attempt = task.attempts[-1]
-        if task.state in NODE_FAILURE_STATES and state.backend == "slurm" and self._requeued_by_slurm(task):
+        if task.state in NODE_FAILURE_STATES and state.where.queued and self._requeued_by_slurm(task):
             return  # not a new attempt: the next poll sees the requeue and excludes the node
         logs = collect_logs(state, task)
         diag = _after_node_failure(diagnose(task.state, logs), attempt, state.suspect_nodes)

@@ -43,6 +43,7 @@ from filelock import FileLock
 
 from slurmagent.errors import SweepStateError
 from slurmagent.files import atomic_file
+from slurmagent.primitives.backends import Backend, backend_named
 from slurmagent.slurm.seam import TERMINAL_STATES
 
 STATE_FILE = "sweep.json"
@@ -98,7 +99,7 @@ TRANSIENT = {"transient": True}  # a SweepState field that is never written (wha
 @dataclass
 class SweepState:
     sweep_dir: str
-    backend: str  # "slurm" or "local"
+    backend: str  # the backend's name: "slurm" or "local" (`where` is its class)
     submitit_folder: str
     created_at: float
     tasks: list[TaskRecord]
@@ -128,6 +129,11 @@ class SweepState:
     @property
     def done(self) -> bool:
         return all(t.done for t in self.tasks)
+
+    @property
+    def where(self) -> Backend:
+        """Where the sweep's tasks run: every way the backends differ is asked of it."""
+        return backend_named(self.backend)
 
     def counts(self) -> dict[str, int]:
         c: dict[str, int] = {}

@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 from slurmagent.config import JobSpec, job_spec, site_conf
 from slurmagent.errors import SubmissionRefused
+from slurmagent.primitives.procs import command_running, pid_alive
 from slurmagent.safety.paths import current_user
 from slurmagent.slurm.seam import SlurmCLI
-from slurmagent.supervise.procs import command_running, pid_alive
 from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def close_intent(state: SweepState, tasks: list[TaskRecord], ids: list[str], int
         task.state, task.error = "PENDING", ""
     state.finished_at = None
     own = ids[0].split("_")[0]
-    if state.backend == "slurm" and own not in state.array_ids:
+    if state.where.queued and own not in state.array_ids:
         state.array_ids.append(own)
     if intent is not None:
         intent.update(job_id=own, state="submitted")
@@ -198,7 +198,7 @@ def submit_waiting(
     the others."""
     report = SubmitReport()
     user = user or current_user()
-    on_slurm = slurm is not None and state.backend == "slurm"
+    on_slurm = slurm is not None and state.where.queued
     if on_slurm:
         assert slurm is not None
         reconcile(state, slurm, user)

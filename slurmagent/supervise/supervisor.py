@@ -4,9 +4,7 @@ whole sweep, results collected from submitit's result files, states kept in swee
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,11 +18,10 @@ from slurmagent.errors import SlurmAgentError
 from slurmagent.primitives.wake import WakeWatch
 from slurmagent.recovery.diagnose import TRACEBACK_HEAD, clean_traceback, outside_tracebacks, python_error
 from slurmagent.slurm.cluster import DEFAULT_MAX_ARRAY_SIZE
-from slurmagent.slurm.seam import TERMINAL_STATES, JobState, SlurmCLI, TaskStatus
+from slurmagent.slurm.seam import TERMINAL_STATES, SlurmCLI, TaskStatus
 from slurmagent.supervise.jobfiles import STDERR_TAIL, job_paths, read_result, stderr_tail, unwrap_return
 from slurmagent.supervise.lead import Lead
 from slurmagent.supervise.notices import Notices
-from slurmagent.supervise.procs import pid_alive
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.submission import RETRY_LIMIT_AFTER_S, WAITING, Submitter, submit_waiting
@@ -93,30 +90,14 @@ class Supervisor:
             self.study = StudyDriver.open(self.store.dir)
         self._last_submit_try = -float("inf")  # monotonic time of the last try at WAITING tasks
         self.usage = UsageTracker(self.slurm)
-        self._notices: Notices | bool | None = False  # opened from the state at the first poll (None: tells nobody)
+        self._notices: Notices | None = None  # opened from the state at the first poll
+        self._notices_opened = False  # … and then None: it tells nobody
 
     # -- one poll ---------------------------------------------------------------
     def _statuses(self, state: SweepState, pending: list[TaskRecord]) -> dict[str, TaskStatus]:
-        if state.backend == "slurm":
-            ids = {t.job_id.split("_")[0] for t in pending if t.job_id}
+        if state.where.queued:
             self.queries += 1
-            statuses = self.slurm.statuses(ids)
-            preempted = [j for j, s in statuses.items() if s.state == "PREEMPTED"]
-            if preempted:  # requeued (it runs again) or ended (PreemptMode=CANCEL)? the controller knows
-                try:
-                    alive = self.slurm.job_states(preempted)
-                except SlurmAgentError:
-                    alive = {j: JobState("UNKNOWN", "", "") for j in preempted}  # no answer: decide later
-                for job, seen in alive.items():
-                    if job in statuses and seen.state not in TERMINAL_STATES:
-                        statuses[job] = dataclasses.replace(statuses[job], state=seen.state)
-            return statuses
-        out: dict[str, TaskStatus] = {}
-        for t in pending:
-            if t.job_id:
-                st = "RUNNING" if pid_alive(t.job_id) else "EXITED"
-                out[t.job_id] = TaskStatus(t.job_id, st, "", "", os.uname().nodename, 0)
-        return out
+        return state.where.statuses(self.slurm, [t.job_id for t in pending if t.job_id])
 
     def poll_once(self) -> bool:
         """Update every unfinished task; True when something changed."""
@@ -136,26 +117,27 @@ class Supervisor:
                 ended += task.done
                 if task.done and task.state != "COMPLETED":
                     self.recoverer.handle(state, task)  # may resubmit it as its next attempt
+            held = {int(k) for k in self.recoverer.held()}  # recoveries waiting for approval or the kill switch
             if self.study is not None:  # results told, promotions and new trials added as WAITING
-                asked = self.study.step(state, {int(k) for k in self.recoverer.held()})
+                asked = self.study.step(state, held)
                 changed |= asked
                 ended += asked
             changed |= self.usage.poll(state, ended)  # the history fed, the budget enforced (sacct)
             changed |= self._submit_waiting(state, ended)
         notices = self.notices(state)
         if notices is not None:  # after the edit: its end may have marked the sweep finished
-            notices.poll(state, {int(k) for k in self.recoverer.held()})
+            notices.poll(state, held)
         return changed
 
     def notices(self, state: SweepState) -> Notices | None:
         """Who is told what happens (notify.*), as the sweep was launched with; None: nobody."""
-        if self._notices is False:
+        if not self._notices_opened:
+            self._notices_opened = True
             try:
                 self._notices = Notices.open(self.store.dir, state.notify)
             except SlurmAgentError as exc:  # checked at submission: a sweep.json edited since
                 log.warning("notify: %s; nobody is told about this sweep", exc)
-                self._notices = None
-        return self._notices if isinstance(self._notices, Notices) else None
+        return self._notices
 
     def _submit_waiting(self, state: SweepState, ended: int) -> bool:
         """Tasks a submit limit held back (or a killed launcher never submitted) are
@@ -167,7 +149,7 @@ class Supervisor:
         if not ended and now - self._last_submit_try < RETRY_LIMIT_AFTER_S:
             return False
         self._last_submit_try = now
-        slurm = self.slurm if state.backend == "slurm" else None
+        slurm = self.slurm if state.where.queued else None
         report = submit_waiting(
             state, lambda: self.store.write(state), self.submit, slurm, state.max_array or DEFAULT_MAX_ARRAY_SIZE
         )
@@ -191,7 +173,7 @@ class Supervisor:
         if res is not None:
             kind, value = res
             ok, ret, err = unwrap_return(value) if kind == "success" else (False, None, str(value).strip())
-            if ok and state.backend == "slurm" and status is not None and status.state not in TERMINAL_STATES:
+            if ok and state.where.queued and status is not None and status.state not in TERMINAL_STATES:
                 # the task returned and its job is ending (COMPLETING, epilog): it is done when Slurm
                 # says so, so that nothing submitted next (a search's next trial) overlaps it
                 task.state = status.state
@@ -201,7 +183,7 @@ class Supervisor:
                 task.state, task.result, task.error = "COMPLETED", ret, ""
                 attempt.state = task.state
                 return (task.state, attempt.state) != before
-            if state.backend == "slurm" and (status is None or status.state not in TERMINAL_STATES):
+            if state.where.queued and (status is None or status.state not in TERMINAL_STATES):
                 # the task raised; wait for Slurm's verdict on the job (OOM, time limit…)
                 return (task.state, attempt.state) != before
             specific = status is not None and status.state in TERMINAL_STATES - {"COMPLETED", "FAILED"}

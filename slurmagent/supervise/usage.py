@@ -57,7 +57,7 @@ class UsageTracker:
     def poll(self, state: SweepState, ended: int) -> bool:
         """One sacct call when tasks ended (history) or the budget is due a look; True when
         the state changed."""
-        if state.backend != "slurm":
+        if not state.where.queued:  # accounting is Slurm's
             return False
         budget = budget_conf(state.schedule.get("budget"))
         capped = bool(budget.gpu_hours or budget.cost) and not state.schedule.get("stopped")

@@ -17,6 +17,7 @@ import pytest
 from slurmagent.config import CodeConf, code_conf
 from slurmagent.errors import ConfigError
 from slurmagent.launch.snapshot import plan_snapshot, wanted, write_snapshot
+from slurmagent.primitives.backends import LocalBackend, SlurmBackend
 from slurmagent.primitives.code import files_dir, read_snapshot
 
 
@@ -94,7 +95,8 @@ def test_bad_code_settings_are_refused() -> None:
     with pytest.raises(ConfigError) as err:
         code_conf({"max_mb": 0})
     assert "code.max_mb=0" in str(err.value)
-    assert wanted(CodeConf(), "slurm") and not wanted(CodeConf(), "local") and wanted(CodeConf("on"), "local")
+    slurm, local = SlurmBackend(), LocalBackend()
+    assert wanted(CodeConf(), slurm) and not wanted(CodeConf(), local) and wanted(CodeConf("on"), local)
 
 
 def test_a_local_sweep_with_the_snapshot_on_imports_the_users_module_from_the_copy(tmp_path: Path) -> None:

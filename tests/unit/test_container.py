@@ -19,6 +19,7 @@ from slurmagent.config import ContainerConf, EnvConf, LauncherConf, job_spec
 from slurmagent.errors import ConfigError
 from slurmagent.launch.backend import make_executor, slurm_parameters
 from slurmagent.launch.probe import probe_key, probe_script, wanted
+from slurmagent.primitives.backends import SlurmBackend
 from slurmagent.slurm.container import step_words, wrap
 
 TASK = {"task": {"target": "slurmagent.examples.synthetic:run"}}
@@ -135,7 +136,7 @@ def test_no_image_wraps_nothing() -> None:
 def test_the_launchers_jobs_run_their_boot_in_the_image(tmp_path: Path) -> None:
     spec = spec_with({"image": "localhost/train:1", "runtime": "podman"})
     folder = tmp_path / "sweep" / ".submitit"
-    ex = make_executor("slurm", folder, spec, LauncherConf(), 1, "job", sweep_dir=tmp_path / "sweep")  # type: ignore[arg-type]
+    ex = make_executor(SlurmBackend(), folder, spec, LauncherConf(), 1, "job", sweep_dir=tmp_path / "sweep")
     words = shlex.split(ex._boot_command("x"))  # type: ignore[attr-defined]
     # the host side first (it relays Slurm's commands through a socket in submitit's folder), then the runtime
     assert words[:7] == [sys.executable, "-u", "-m", "slurmagent.job.host", "--relay", str(folder), "--"]

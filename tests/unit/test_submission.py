@@ -180,7 +180,8 @@ def test_a_dead_submitter_on_this_host_is_reconciled_at_once(
     import subprocess
     import sys
 
-    from slurmagent.supervise import procs, submission
+    from slurmagent.primitives import procs
+    from slurmagent.supervise import submission
 
     slurm = SlurmCLI(runner=fake)
     state = sweep(tmp_path, 2)
