@@ -228,18 +228,21 @@ def wandb_offline_runs(task_dir: Path) -> list[tuple[str, dict[str, str], list[t
     `.wandb` transaction log: W&B's 7-byte header, then 32 KiB blocks of records, each a
     protobuf `Record`): per run directory, oldest first, (run id, config, [(step, values)])."""
     import struct
+    import time
 
     from wandb.proto import wandb_internal_pb2 as pb
 
     def records(path: Path) -> Iterator[bytes]:
         data, pos, block, part = path.read_bytes(), 7, 32768, b""
-        assert data[:4] == b":W&B", path
+        assert len(data) < 7 or data[:4] == b":W&B", path
         while pos + 7 <= len(data):
             left = block - pos % block
             _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
             if left < 7 or (kind == 0 and length == 0):  # a block's padding
                 pos += left
                 continue
+            if pos + 7 + length > len(data):  # a record still being written
+                return
             chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
             if kind == 1:  # a whole record
                 yield chunk
@@ -249,22 +252,34 @@ def wandb_offline_runs(task_dir: Path) -> list[tuple[str, dict[str, str], list[t
                 yield part + chunk
                 part = b""
 
-    runs = []
-    for log in sorted(task_dir.glob("wandb/offline-run-*/run-*.wandb")):
-        run_id, config, history = "", {}, []
-        for raw in records(log):
-            rec = pb.Record()
-            rec.ParseFromString(raw)
-            kind = rec.WhichOneof("record_type")
-            if kind == "run":
-                run_id = rec.run.run_id
-                update = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.run.config.update}
-                config = {k: v for k, v in update.items() if k != "_wandb"}
-            elif kind == "history":
-                items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item}
-                values = {k: v for k, v in items.items() if not k.startswith("_")}
-                history.append((rec.history.step.num, values))
-        runs.append((run_id, config, history))
+    def read() -> tuple[list[tuple[str, dict[str, str], list[tuple[int, dict[str, Any]]]]], bool]:
+        runs, ended = [], True
+        for log in sorted(task_dir.glob("wandb/offline-run-*/run-*.wandb")):
+            run_id, config, history, kind = "", {}, [], None
+            for raw in records(log):
+                rec = pb.Record()
+                rec.ParseFromString(raw)
+                kind = rec.WhichOneof("record_type")
+                if kind == "run":
+                    run_id = rec.run.run_id
+                    update = rec.run.config.update
+                    items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in update}
+                    config = {k: v for k, v in items.items() if k != "_wandb"}
+                elif kind == "history":
+                    items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item}
+                    values = {k: v for k, v in items.items() if not k.startswith("_")}
+                    history.append((rec.history.step.num, values))
+            runs.append((run_id, config, history))
+            ended &= kind == "exit"
+        return runs, ended
+
+    # W&B's service (its own process) writes a run's log in buffers: read until every log ends with its
+    # exit record (once, on a loaded machine, a log read right after `finish()` returned had no run record)
+    deadline = time.monotonic() + 30
+    runs, ended = read()
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.2)
+        runs, ended = read()
     return runs
 
 
