@@ -59,6 +59,14 @@ def task_failed(sweep: str, entry: dict[str, Any]) -> Event | None:
     )
 
 
+def given_up_id(task: TaskRecord) -> str:
+    return f"task_given_up/{task.index}/{len(task.attempts)}"
+
+
+def finished_id(state: SweepState) -> str:
+    return f"sweep_finished/{state.finished_at:.0f}"
+
+
 def task_given_up(state: SweepState, task: TaskRecord) -> Event:
     """A task that ended without a result and that nothing will run again."""
     diag = task.diagnosis or {}
@@ -73,7 +81,7 @@ def task_given_up(state: SweepState, task: TaskRecord) -> Event:
     lines += [f"why it stopped: {first}", f"$ {slurmagent_command('doctor', state.sweep_dir)}"]
     n = len(task.attempts)
     return Event(
-        f"task_given_up/{task.index}/{n}",
+        given_up_id(task),
         "task_given_up",
         state.sweep_dir,
         f"task {task.index} failed and was given up after {n} attempt(s) ({cause})",
@@ -162,7 +170,7 @@ def sweep_finished(state: SweepState, best: str, report: str | None) -> Event:
     lines.append(f"$ {slurmagent_command('results', state.sweep_dir)}")
     ok = counts.get("COMPLETED", 0)
     return Event(
-        f"sweep_finished/{state.finished_at:.0f}",
+        finished_id(state),
         "sweep_finished",
         state.sweep_dir,
         f"sweep finished: {ok} of {len(state.tasks)} task(s) completed",
@@ -196,7 +204,10 @@ class Notices:
         return cls(sweep_dir, conf) if conf.channels else None
 
     def events(self, state: SweepState, held: set[int]) -> list[Event]:
+        """What happened that people may be told about: only of the kinds notify.events names,
+        and only what the ledger does not hold already, where that is cheap to know first."""
         events: list[Event] = []
+        wanted, known = self.conf.events, self.outbox.known()
         history = self.sweep_dir / SWEEP_HISTORY
         if history.exists():
             with open(history, "rb") as fh:
@@ -205,17 +216,19 @@ class Notices:
             whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
             self._history_at += len(whole)
             events += filter(None, (task_failed(state.sweep_dir, e) for e in json_rows(whole.splitlines())))
-        for task in state.tasks:
-            if task.done and task.state not in NOT_GIVEN_UP and task.index not in held:
-                events.append(task_given_up(state, task))
-        events += approvals_needed(self.sweep_dir)
+        if "task_given_up" in wanted:
+            for task in state.tasks:
+                given_up = task.done and task.state not in NOT_GIVEN_UP and task.index not in held
+                if given_up and given_up_id(task) not in known:
+                    events.append(task_given_up(state, task))
+        if "approval_needed" in wanted:  # the approvals folder is read only for it
+            events += approvals_needed(self.sweep_dir)
         budget = budget_reached(state)
         if budget is not None:
             events.append(budget)
-        if state.done and state.finished_at is not None and "sweep_finished" in self.conf.events:
-            key = f"sweep_finished/{state.finished_at:.0f}"
-            if key not in self.outbox.known():  # the report is written once, for the message
-                events.append(sweep_finished(state, *self._report()))
+        finished = state.done and state.finished_at is not None and "sweep_finished" in wanted
+        if finished and finished_id(state) not in known:  # the report is written once, for the message
+            events.append(sweep_finished(state, *self._report()))
         return events
 
     def _report(self) -> tuple[str, str | None]:

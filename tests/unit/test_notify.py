@@ -301,3 +301,29 @@ def test_a_sweep_end_nobody_asked_to_hear_writes_no_report(tmp_path: Path) -> No
     conf = notify_conf({"webhook": {"url_env": HOOK_ENV}, "events": ["task_given_up"]})
     assert Notices(tmp_path, conf).events(state, set()) == []
     assert not (tmp_path / "report").exists()  # the report is written for the message only
+
+
+def test_a_poll_builds_no_message_for_what_the_ledger_holds_nor_for_kinds_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep of 10,000 given-up tasks: the first poll builds their 10,000 messages, the next
+    builds none (each id is in the ledger), and with `task_given_up` left out of notify.events
+    none is ever built, nor the approvals folder read for `approval_needed` left out."""
+    from slurmagent.supervise import notices as module
+    from slurmagent.supervise.state import Attempt, SweepState, TaskRecord
+
+    state = SweepState(str(tmp_path), "slurm", str(tmp_path / ".submitit"), time.time(), [])
+    state.tasks = [
+        TaskRecord(i, [f"x={i}"], [Attempt(f"7_{i}", 0, "FAILED")], "FAILED", error="boom") for i in range(10_000)
+    ]
+    built: list[int] = []
+    real = module.task_given_up
+    monkeypatch.setattr(module, "task_given_up", lambda s, t: built.append(t.index) or real(s, t))
+    monkeypatch.setenv(HOOK_ENV, "http://127.0.0.1:9/hook")  # nothing is sent here: offered only
+    notices = Notices(tmp_path, notify_conf({"webhook": {"url_env": HOOK_ENV}}))
+    assert notices.outbox.offer(notices.events(state, set())) == 10_000 and len(built) == 10_000
+    assert notices.events(state, set()) == [] and len(built) == 10_000
+    read: list[Path] = []
+    monkeypatch.setattr(module, "approvals_needed", lambda sweep: read.append(sweep) or [])
+    only = Notices(tmp_path / "other", notify_conf({"webhook": {"url_env": HOOK_ENV}, "events": ["budget_reached"]}))
+    assert only.events(state, set()) == [] and len(built) == 10_000 and read == []
