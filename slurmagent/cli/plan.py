@@ -183,14 +183,11 @@ def plan_sweep(args: PlanArgs) -> tuple[list[PlannedJob], dict[str, Any]]:
             if planner is None:
                 site = site_conf(spec_dict(cfg, ("site",)).get("site"))
                 where = resolve_backend(job_spec(spec_dict(cfg)).cluster, slurm)  # as the launcher decides it
-                on_slurm = where.queued
-                cluster = ClusterInfo.query(slurm) if on_slurm else None
+                cluster = ClusterInfo.query(slurm) if where.queued else None
                 history = HistoryStore(default_history_path(site.scheduling.history))
-                planner = SweepPlanner(site, history, cluster, slurm if on_slurm else None)
+                planner = SweepPlanner(site, history, cluster, slurm if where.queued else None)
                 budget = budget_conf(spec_dict(cfg, ("budget",)).get("budget"))
-                context.update(
-                    site=site, budget=budget, on_slurm=on_slurm, where=where, cluster=cluster, history=history
-                )
+                context.update(site=site, budget=budget, where=where, cluster=cluster, history=history)
             spec = job_spec(spec_dict(cfg))
             experiment = cfg.hydra.runtime.choices.get("experiment") or experiment_name(overrides)
 
@@ -242,7 +239,7 @@ def plan(ns: argparse.Namespace) -> int:
     lines = [f"predicted use of {who}: {predicted.describe()} ({BASIS})"]
     if over_budget:
         lines[-1] += f" — over budget: {over_budget}"
-    if not ctx["on_slurm"]:
+    if not ctx["where"].queued:
         lines.append("note: Slurm does not answer here (or cluster=local): no GPU types, partitions or start times")
     console.print("\n".join(lines), markup=False, highlight=False)
     return 0

@@ -19,7 +19,7 @@ from submitit.slurm.slurm import SlurmJob
 from slurmagent.config import JobSpec, LauncherConf, parse_conf
 from slurmagent.errors import SlurmUnavailableError
 from slurmagent.job.runner import SweepRunner, TaskPayload
-from slurmagent.primitives.backends import Backend, LocalBackend, SlurmBackend
+from slurmagent.primitives.backends import BACKENDS, Backend
 from slurmagent.primitives.submitit_layout import job_paths, place_pickle, staged_pickle, staging_folder
 from slurmagent.safety.paths import state_dir
 from slurmagent.slurm.container import python_words, wrap
@@ -46,15 +46,15 @@ SUBMITIT_NAMED = {
 def resolve_backend(choice: str, slurm: SlurmCLI) -> Backend:
     """`cluster=auto|slurm|local` made a backend: auto is Slurm when its commands answer."""
     if choice == "local":
-        return LocalBackend()
+        return BACKENDS["local"]
     if slurm.available():
-        return SlurmBackend()
+        return BACKENDS["slurm"]
     if choice == "slurm":
         raise SlurmUnavailableError(
             "cluster=slurm but Slurm does not answer (sinfo failed or is not installed); check SLURM_CONF and that "
             "slurmctld runs, or use cluster=local (or cluster=auto to fall back automatically)"
         )
-    return LocalBackend()
+    return BACKENDS["local"]
 
 
 def slurm_parameters(
