@@ -13,6 +13,9 @@
   seeded random shift) at the lowest rung, and after them half of the new trials
   (`explore_share`, 1/2) still come from that design at the lowest rung, for the whole study (as
   ASHA samples at random throughout): a region the model wrote off early is looked at again.
+  `design_top` (off) starts that share of those design trials at the top rung, as DEHB's
+  full-budget bracket does; on mlp8's slow-starting best it did not reach random search's rate
+  (bench/README.md), so it stays off.
 - **Focus**: the other new trials come from Optuna's TPE sampler fitted on every finished
   trial, ranked by the highest rung it reached on merit and then by its value there (failed
   and diverged last): a region whose trials were cut early ranks below every trial promoted
@@ -80,10 +83,18 @@ SPACING = 0.5
 # the quantile of the distances between what was asked and what ran that a new configuration keeps
 # from those taken (a user's own rounding: a proposal nearer than that to one runs as it)
 MOVED_QUANTILE = 0.9
+# the share of design trials after the first design that start at the top rung (trained to the end
+# at once, as DEHB's full-budget bracket and random search: a slow starter is judged on its end)
+DESIGN_TOP = 0.0
 # model proposals tried before the design's next points are
 MODEL_TRIES = 8
 # design points tried before the farthest candidate is taken
 DESIGN_TRIES = 32
+
+
+def _turn(k: int, share: float) -> bool:
+    """Whether the k-th (from 0) of a run of choices is one of `share` of them, spread evenly."""
+    return math.floor((k + 1) * share) > math.floor(k * share)
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,7 @@ class Optimizer:
         spacing: float = SPACING,
         endgame: bool = True,
         moved_quantile: float = MOVED_QUANTILE,
+        design_top: float = DESIGN_TOP,
     ) -> None:
         if direction not in DIRECTIONS:
             raise ConfigError(f"hpo.direction={direction!r} is not one of {', '.join(DIRECTIONS)}")
@@ -147,6 +159,8 @@ class Optimizer:
             raise ConfigError("the search space is empty: sweep at least one parameter (interval, range, choice)")
         if not 0 <= explore_share <= 1:
             raise ConfigError(f"explore_share={explore_share}: a share, between 0 and 1")
+        if not 0 <= design_top <= 1:
+            raise ConfigError(f"design_top={design_top}: a share, between 0 and 1")
         self.space = space
         self.eta = eta
         self.seed = seed
@@ -162,6 +176,8 @@ class Optimizer:
         self._brackets = [0] * len(self.brackets)  # … so far
         self.projection = PROJECTION_DAMPING if projection is None else projection
         self.explore_share = explore_share
+        self.design_top = design_top  # the share of design trials after the first design that start at the top rung
+        self._design_new = 0  # design trials after the first design so far
         self.spacing = spacing
         self.moved_quantile = moved_quantile
         self.endgame = endgame  # when the budget left cannot finish a new trial, finish stopped ones instead
@@ -212,7 +228,11 @@ class Optimizer:
         design = self._new < self.n_explore or self._design_turn()
         if design:
             params, index = self._from_design(), self._design
-            start = 0  # the design explores at the lowest rung, for the whole study
+            start = 0  # the design explores at the lowest rung, for the whole study …
+            if self._new >= self.n_explore:
+                k, self._design_new = self._design_new, self._design_new + 1
+                if _turn(k, self.design_top) and self.rungs[-1] <= max_cost:
+                    start = len(self.rungs) - 1  # … and a share of it trains to the end at once
         else:
             params, index = self._focus(), 0
             start = self._bracket()
@@ -380,8 +400,7 @@ class Optimizer:
     def _design_turn(self) -> bool:
         """Whether the next new trial after the first design is a design point: explore_share
         of them, spread evenly."""
-        k = self._new - self.n_explore
-        return math.floor((k + 1) * self.explore_share) > math.floor(k * self.explore_share)
+        return _turn(self._new - self.n_explore, self.explore_share)
 
     def _design_point(self, index: int) -> dict[str, Any]:
         u = (halton(index, len(self.space.params)) + self._shift) % 1.0
@@ -554,6 +573,8 @@ class Optimizer:
             self._points.add(ft.number, info.params)
             if not info.external:
                 self._new += 1  # every trial was once a new one
+                if info.design and self._new > self.n_explore:
+                    self._design_new += 1
                 if not info.design:
                     self._focused += 1
                     self._brackets[min(max(0, self.rung_of(info.start)), len(self._brackets) - 1)] += 1

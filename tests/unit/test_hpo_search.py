@@ -218,3 +218,26 @@ def test_the_design_goes_on_after_a_restart(tmp_path: Path) -> None:
     again = Optimizer(space, 1, 9, 3, seed=4, storage=open_storage("", tmp_path))
     assert again._design == opt._design and again._new == opt._new and again._focused == opt._focused
     assert halton(1, 2).shape == (2,)
+
+
+def test_a_share_of_the_design_starts_at_the_top_rung_and_counts_on_after_a_restart(tmp_path: Path) -> None:
+    """design_top=1/4: of the design trials after the first design, every fourth starts at the
+    top rung (trained to the end at once); the count goes on in a study continued from storage."""
+    space = Space.from_overrides(["x=interval(0.0,1.0)", "y=interval(0.0,1.0)"])
+
+    def run(opt: Optimizer, n: int) -> None:
+        for _ in range(n):
+            a = opt.ask()
+            curve = {f: a.params["x"] + 1 / f for f in range(opt.trials[a.trial].reached + 1, a.fidelity + 1)}
+            opt.tell(a.trial, curve)
+
+    opt = Optimizer(space, 1, 9, 3, seed=1, design_top=0.25, storage=open_storage("", tmp_path))
+    run(opt, 60)
+    again = Optimizer(space, 1, 9, 3, seed=1, design_top=0.25, storage=open_storage("", tmp_path))
+    assert again._design_new == opt._design_new > 0
+    run(again, 60)
+    later = sorted((t for t in again.trials.values() if t.design), key=lambda t: t.trial)[again.n_explore :]
+    starts = [t.start for t in later]
+    assert starts.count(9) == len(starts) // 4 and set(starts) <= {1, 9}
+    with pytest.raises(ConfigError, match="design_top"):
+        Optimizer(space, design_top=1.5)
