@@ -406,9 +406,12 @@ def replay_slurmagent(
     look the ask up to its fidelity, tell the curve (and, but `before`, the parameters that ran).
     `options`: keyword arguments of Optimizer (a variant: `slurmagent:explore_share=0.5`)."""
     module = _before_module() if before else importlib.import_module("slurmagent.hpo.core")
-    opt = module.Optimizer(
-        bench.space(), min_fidelity=1, max_fidelity=bench.max_fidelity, eta=ETA, seed=seed, **(options or {})
-    )
+    # its defaults (the lowest rung a tenth of a full training); the optimiser from before this
+    # issue as its reporter drove it, from one unit
+    settings: dict[str, Any] = {"max_fidelity": bench.max_fidelity, "eta": ETA, "seed": seed}
+    if before:
+        settings["min_fidelity"] = 1
+    opt = module.Optimizer(bench.space(), **(settings | (options or {})))
     runs: dict[int, Run] = {}
     while not ledger.exhausted:
         a = opt.ask_within(ledger.budget - opt.spent())

@@ -1,14 +1,15 @@
 """The ask/tell optimiser: explore → focus → adapt, across jobs, with promotions that resume.
 
-    opt = Optimizer(space, min_fidelity=1, max_fidelity=27, eta=3, seed=0)
+    opt = Optimizer(space, max_fidelity=27, eta=3, seed=0)  # min_fidelity: a tenth of it, 2
     a = opt.ask()         # a.trial, a.params, a.fidelity (train to this many units in all),
                           # a.resume (the trial whose checkpoint it continues, or None)
-    opt.tell(a.trial, {1: 0.41, 2: 0.33, 3: 0.30})   # the metric at each fidelity reached
-    opt.tell(a.trial, {1: 0.41}, params=ran)         # … and the parameters that actually ran
+    opt.tell(a.trial, {1: 0.41, 2: 0.33})   # the metric at each fidelity reached
+    opt.tell(a.trial, {1: 0.41, 2: 0.33}, params=ran)   # … and the parameters that actually ran
     opt.fail(a.trial, "OUT_OF_MEMORY: …")            # it could not run: never promoted
     opt.add(params, {1: 0.5, 2: 0.4})                # a result obtained elsewhere: evidence only
 
-- **Rungs** are the fidelities min·eta^k below the maximum, and the maximum: 1, 3, 9, 27.
+- **Rungs** are the fidelities min·eta^k below the maximum, and the maximum: 2, 6, 18, 27 (the
+  lowest, `min_fidelity`, is by default a tenth of the maximum, at least 1: `lowest_rung`).
 - **Explore**: the first new trials are a quasi-random design (a Halton sequence with a
   seeded random shift) at the lowest rung, and after them half of the new trials
   (`explore_share`, 1/2) still come from that design at the lowest rung, for the whole study (as
@@ -63,6 +64,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from slurmagent.config.hpo import lowest_rung
 from slurmagent.errors import ConfigError
 from slurmagent.hpo.space import Param, Space
 
@@ -132,7 +134,7 @@ class Optimizer:
     def __init__(
         self,
         space: Space,
-        min_fidelity: int = 1,
+        min_fidelity: int | None = None,
         max_fidelity: int = 27,
         eta: int = 3,
         seed: int = 0,
@@ -151,6 +153,8 @@ class Optimizer:
     ) -> None:
         if direction not in DIRECTIONS:
             raise ConfigError(f"hpo.direction={direction!r} is not one of {', '.join(DIRECTIONS)}")
+        if min_fidelity is None:
+            min_fidelity = lowest_rung(max_fidelity)  # a tenth of a full training, at least 1
         if not 1 <= min_fidelity <= max_fidelity:
             raise ConfigError(f"hpo fidelity: need 1 ≤ min ({min_fidelity}) ≤ max ({max_fidelity})")
         if eta < 2:

@@ -79,10 +79,10 @@ class HpoSweeper(Sweeper):
         conf = hpo_conf({str(k): v for k, v in raw.items()})
         if conf.stop_at or conf.trial != -1:
             raise ConfigError("hpo.stop_at and hpo.trial are set by the sweeper for each trial; leave them unset")
-        if conf.budget.epochs and conf.budget.epochs < conf.fidelity.min:
+        if conf.budget.epochs and conf.budget.epochs < conf.fidelity.lowest:
             raise ConfigError(
                 f"hpo.budget.epochs={conf.budget.epochs} is below one trial's first rung "
-                f"(hpo.fidelity.min={conf.fidelity.min}): nothing could run"
+                f"({conf.fidelity.lowest}: hpo.fidelity.min={conf.fidelity.min}): nothing could run"
             )
         return conf
 

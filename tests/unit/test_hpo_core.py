@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from slurmagent.config.hpo import hpo_conf
 from slurmagent.errors import ConfigError
 from slurmagent.hpo.core import Optimizer, rungs
 from slurmagent.hpo.space import Space
@@ -179,3 +180,20 @@ def test_bad_settings_name_the_valid_ones() -> None:
         Optimizer(Space.from_overrides(["optim.lr=0.1"]))
     with pytest.raises(ConfigError, match=r"hpo\.storage='redis://x'"):
         open_storage("redis://x", ".")
+
+
+def test_the_lowest_rung_is_a_tenth_of_a_full_training_unless_set() -> None:
+    """Left unset, the first rung is a tenth of a full training, rounded down, at least one
+    unit (bench/README.md: on mlp8 a late winner was cut after one epoch); set, it is obeyed."""
+    space = Space.from_overrides(["x=interval(0.0,1.0)"])
+    assert Optimizer(space, max_fidelity=20).rungs == [2, 6, 18, 20]
+    assert Optimizer(space, max_fidelity=27).rungs == [2, 6, 18, 27]
+    assert Optimizer(space, max_fidelity=9).rungs == [1, 3, 9]
+    assert Optimizer(space, min_fidelity=1, max_fidelity=20).rungs == [1, 3, 9, 20]
+    assert Optimizer(space, max_fidelity=20).ask().fidelity == 2
+    budget = {"epochs": 10}
+    assert hpo_conf({"budget": budget, "fidelity": {"max": 40}}).fidelity.lowest == 4
+    assert hpo_conf({"budget": budget, "fidelity": {"max": 40, "min": 1}}).fidelity.lowest == 1
+    for bad in ({"max": 9, "min": -1}, {"max": 9, "min": 10}, {"max": 0}):
+        with pytest.raises(ConfigError, match=r"hpo\.fidelity: need eta ≥ 2 and 0 ≤ min ≤ max"):
+            hpo_conf({"budget": budget, "fidelity": bad})
