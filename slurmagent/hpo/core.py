@@ -94,6 +94,19 @@ MODEL_TRIES = 8
 DESIGN_TRIES = 32
 
 
+def _started_from(storage: optuna.storages.BaseStorage, study_name: str, max_fidelity: int) -> int | None:
+    """The lowest rung a study in `storage` was started with, for the same full training: a study
+    continued with the lowest rung left unset goes on from its own (one started when the default
+    was 1 goes on from 1). None: no such study."""
+    try:
+        attrs = storage.get_study_user_attrs(storage.get_study_id_from_name(study_name))
+    except KeyError:
+        return None
+    known = attrs.get("slurmagent_settings") or {}
+    same = known.get("max_fidelity") == max_fidelity and "min_fidelity" in known
+    return int(known["min_fidelity"]) if same else None
+
+
 def _turn(k: int, share: float) -> bool:
     """Whether the k-th (from 0) of a run of choices is one of `share` of them, spread evenly."""
     return math.floor((k + 1) * share) > math.floor(k * share)
@@ -153,9 +166,7 @@ class Optimizer:
     ) -> None:
         if direction not in DIRECTIONS:
             raise ConfigError(f"hpo.direction={direction!r} is not one of {', '.join(DIRECTIONS)}")
-        if min_fidelity is None:
-            min_fidelity = lowest_rung(max_fidelity)  # a tenth of a full training, at least 1
-        if not 1 <= min_fidelity <= max_fidelity:
+        if not 1 <= (1 if min_fidelity is None else min_fidelity) <= max_fidelity:
             raise ConfigError(f"hpo fidelity: need 1 ≤ min ({min_fidelity}) ≤ max ({max_fidelity})")
         if eta < 2:
             raise ConfigError(f"hpo.eta={eta}: the reduction factor must be at least 2")
@@ -169,6 +180,9 @@ class Optimizer:
         self.eta = eta
         self.seed = seed
         self.sign = 1.0 if direction == "minimize" else -1.0  # internally, lower is better
+        storage = optuna.storages.get_storage(storage)  # None: in memory
+        if min_fidelity is None:
+            min_fidelity = _started_from(storage, study_name, max_fidelity) or lowest_rung(max_fidelity)
         self.rungs = rungs(min_fidelity, max_fidelity, eta)
         self.n_explore = n_explore if n_explore is not None else max(6, 2 * len(space.params))
         self.late_start = late_start  # every late_start-th model trial starts at the second rung (0: never)

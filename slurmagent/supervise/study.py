@@ -91,7 +91,7 @@ def open_optimizer(settings: StudySettings, sweep_dir: Path) -> Optimizer:
     space = Space.from_overrides(settings.space, conf.conditions)
     return Optimizer(
         space,
-        min_fidelity=conf.fidelity.lowest,
+        min_fidelity=conf.fidelity.min or None,  # unset: the study's own, else a tenth of max
         max_fidelity=conf.fidelity.max,
         eta=conf.fidelity.eta,
         seed=conf.seed,

@@ -197,3 +197,20 @@ def test_the_lowest_rung_is_a_tenth_of_a_full_training_unless_set() -> None:
     for bad in ({"max": 9, "min": -1}, {"max": 9, "min": 10}, {"max": 0}):
         with pytest.raises(ConfigError, match=r"hpo\.fidelity: need eta ≥ 2 and 0 ≤ min ≤ max"):
             hpo_conf({"budget": budget, "fidelity": bad})
+
+
+def test_a_study_continued_with_the_lowest_rung_unset_keeps_its_own(tmp_path: Path) -> None:
+    """A study started from one unit (as every study was before the default moved to a tenth of
+    the maximum) goes on from one unit when continued with the lowest rung left unset — a
+    supervisor restarted after an upgrade neither refuses the study nor changes its rungs;
+    a new study in the same storage gets the default."""
+    space = Space.from_overrides(["x=interval(0.0,1.0)"])
+    first = Optimizer(space, min_fidelity=1, max_fidelity=20, storage=open_storage("", tmp_path))
+    a = first.ask()
+    first.tell(a.trial, {1: 0.5})
+    again = Optimizer(space, max_fidelity=20, storage=open_storage("", tmp_path))
+    assert again.rungs == [1, 3, 9, 20] and again.trials[a.trial].curve == {1: 0.5}
+    other = Optimizer(space, max_fidelity=20, storage=open_storage("", tmp_path), study_name="another")
+    assert other.rungs == [2, 6, 18, 20]
+    with pytest.raises(ConfigError, match="hpo fidelity"):
+        Optimizer(space, min_fidelity=0, max_fidelity=20)
