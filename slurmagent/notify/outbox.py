@@ -92,13 +92,14 @@ class Outbox:
     # -- offering and sending -----------------------------------------------------------------
     def offer(self, events: Iterable[Event]) -> int:
         """Add the events not in the ledger (of the kinds `notify.events` names); the number added."""
-        if not self.channels:
+        offered = [e for e in events if e.kind in self.conf.events]
+        if not self.channels or not offered:  # nothing to add: the ledger is neither locked nor read
             return 0
         with FileLock(str(self.path) + ".lock"):
             ledger = self.read()
             added = 0
-            for event in events:
-                if event.id in ledger or event.kind not in self.conf.events:
+            for event in offered:
+                if event.id in ledger:
                     continue
                 now = self.clock()
                 ledger[event.id] = {

@@ -327,3 +327,6 @@ def test_a_poll_builds_no_message_for_what_the_ledger_holds_nor_for_kinds_left_o
     monkeypatch.setattr(module, "approvals_needed", lambda sweep: read.append(sweep) or [])
     only = Notices(tmp_path / "other", notify_conf({"webhook": {"url_env": HOOK_ENV}, "events": ["budget_reached"]}))
     assert only.events(state, set()) == [] and len(built) == 10_000 and read == []
+    # a poll with nothing new neither locks nor reads the ledger (10,000 entries by now)
+    monkeypatch.setattr(notices.outbox, "read", lambda: pytest.fail("the ledger was read with nothing to offer"))
+    assert notices.outbox.offer([]) == 0
