@@ -27,7 +27,6 @@ from slurmagent.config import budget_conf, job_spec, site_conf, spec_dict
 from slurmagent.errors import ConfigError
 from slurmagent.render import experiment_name
 from slurmagent.schedule.budget import BASIS, Usage, over, total
-from slurmagent.schedule.history import HistoryStore, default_history_path
 from slurmagent.schedule.plan import Plan, PlannedJob, SweepPlanner
 from slurmagent.slurm.cluster import ClusterInfo, check_fits
 from slurmagent.slurm.sbatch import safe_job_name, sbatch_flags
@@ -184,10 +183,9 @@ def plan_sweep(args: PlanArgs) -> tuple[list[PlannedJob], dict[str, Any]]:
                 site = site_conf(spec_dict(cfg, ("site",)).get("site"))
                 where = resolve_backend(job_spec(spec_dict(cfg)).cluster, slurm)  # as the launcher decides it
                 cluster = ClusterInfo.query(slurm) if where.queued else None
-                history = HistoryStore(default_history_path(site.scheduling.history))
-                planner = SweepPlanner(site, history, cluster, slurm if where.queued else None)
+                planner = SweepPlanner.for_site(site, cluster, slurm)
                 budget = budget_conf(spec_dict(cfg, ("budget",)).get("budget"))
-                context.update(site=site, budget=budget, where=where, cluster=cluster, history=history)
+                context.update(site=site, budget=budget, where=where, cluster=cluster, history=planner.history)
             spec = job_spec(spec_dict(cfg))
             experiment = cfg.hydra.runtime.choices.get("experiment") or experiment_name(overrides)
 

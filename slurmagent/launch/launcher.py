@@ -336,7 +336,6 @@ class ArrayLauncher:
         the sweep's predicted use checked against its budget. Nothing to do: the specs as given."""
         assert self.config is not None
         from slurmagent.schedule.budget import check_prediction, total
-        from slurmagent.schedule.history import HistoryStore, default_history_path
         from slurmagent.schedule.plan import SweepPlanner
 
         site = self._site()
@@ -345,9 +344,8 @@ class ArrayLauncher:
         mapped = any(p.partition or p.qos for p in site.priorities.values())
         if not (capped or mapped or any(auto_keys(s.resources) for s in _distinct(specs))):
             return specs, {}
-        history = HistoryStore(default_history_path(site.scheduling.history))
         experiment = self._job_name()
-        planner = SweepPlanner(site, history, info, self.slurm if info is not None else None)
+        planner = SweepPlanner.for_site(site, info, self.slurm)
         per_task = [
             planner.add(index, overrides, spec, experiment, functools.partial(self._need_gib, overrides))[0]
             for index, (overrides, spec) in enumerate(zip(job_overrides, specs, strict=True))
@@ -366,7 +364,7 @@ class ArrayLauncher:
             "budget": dataclasses.asdict(budget),
             "predicted": dataclasses.asdict(predicted),
             "plans": [p.record() for p in distinct],
-            "history": str(history.path),
+            "history": str(planner.history.path) if planner.history is not None else "",
         }
         resolved = [dataclasses.replace(s, resources=p.resources) for s, p in zip(specs, per_task, strict=True)]
         return resolved, schedule

@@ -16,7 +16,7 @@ from typing import Any
 from slurmagent.config import AUTO, JobSpec, ResourcesConf, SiteConf, auto_keys, spec_key
 from slurmagent.errors import ConfigError
 from slurmagent.schedule.budget import Usage, usage_of
-from slurmagent.schedule.history import HistoryStore, fingerprint
+from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
 from slurmagent.schedule.place import (
     ANY,
     Candidate,
@@ -185,6 +185,13 @@ class SweepPlanner:
     cluster: ClusterInfo | None
     slurm: SlurmCLI | None  # None: the local backend
     jobs: dict[tuple[str, str], PlannedJob] = field(default_factory=dict)
+
+    @classmethod
+    def for_site(cls, site: SiteConf, cluster: ClusterInfo | None, slurm: SlurmCLI) -> SweepPlanner:
+        """The planner the launcher and `slurmagent plan` both build: the site's history store,
+        and Slurm asked (`--test-only`) only for a queued sweep (`cluster` given; None: local)."""
+        history = HistoryStore(default_history_path(site.scheduling.history))
+        return cls(site, history, cluster, slurm if cluster is not None else None)
 
     def add(
         self,
