@@ -23,6 +23,8 @@ from slurmagent.syntax import expand_array_id
 ALLOWED_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "sacctmgr"})
 # a transient sbatch refusal is retried after each of these waits (seconds), then given up
 SUBMIT_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0)
+# a user's submit limit (sacctmgr) is asked again after this long: an administrator's change shows within it
+LIMITS_TTL_S = 300.0
 # what sbatch says, by kind of refusal (22.05's messages; matched case-insensitively)
 TRANSIENT_REFUSALS = (
     "socket timed out",
@@ -92,13 +94,19 @@ class SlurmCLI:
     """Runs Slurm commands. `calls` counts them by command, for benchmarks and tests."""
 
     def __init__(
-        self, runner: Runner | None = None, timeout: float = 60.0, sleep: Callable[[float], None] = time.sleep
+        self,
+        runner: Runner | None = None,
+        timeout: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # in a container, the job's host side runs the commands (slurm/relay.py)
         self._runner = runner or runner_from_env() or _default_runner
         self._timeout = timeout
         self._sleep = sleep
         self._config: dict[str, str] | None = None
+        self._clock = clock
+        self._limits: dict[tuple[str, str], tuple[float, int | None]] = {}  # (user, qos) → (asked at, limit)
         self.calls: dict[str, int] = {}
 
     def run(self, argv: Sequence[str], check: bool = True, timeout: float | None = None) -> str:
@@ -231,6 +239,8 @@ class SlurmCLI:
                 if kind == "transient" and wait is not None:
                     self._sleep(wait)
                     continue
+                if kind == "limit":
+                    self._limits.clear()  # the limit read may be stale: ask accounting again next time
                 raise SubmissionRefused(exc.argv, exc.returncode, exc.stderr, kind) from None
             job_id = out.strip().splitlines()[-1].split(";")[0] if out.strip() else ""
             if not job_id.isdigit():
@@ -242,7 +252,18 @@ class SlurmCLI:
         """The most jobs `user` may have queued and running (array tasks count one each): the
         smaller of the user's association's MaxSubmitJobs and the MaxSubmitJobsPerUser of the
         QOS its jobs run in (`qos`, else the association's default, else "normal"); None when
-        neither is set or accounting does not answer."""
+        neither is set or accounting does not answer. Asked of accounting at most once per
+        LIMITS_TTL_S per (user, QOS): a search submits trial by trial, and every submission
+        asking slurmdbd twice would load it for a value an administrator rarely changes."""
+        key = (user, qos)
+        asked = self._limits.get(key)
+        if asked is not None and self._clock() - asked[0] < LIMITS_TTL_S:
+            return asked[1]
+        limit = self._ask_submit_limit(user, qos)
+        self._limits[key] = (self._clock(), limit)
+        return limit
+
+    def _ask_submit_limit(self, user: str, qos: str) -> int | None:
         try:
             assoc = self.run(
                 ["sacctmgr", "-n", "-P", "show", "assoc", "where", f"user={user}", "format=MaxSubmitJobs,DefaultQOS"]

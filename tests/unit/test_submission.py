@@ -19,7 +19,7 @@ import pytest
 
 from slurmagent.config import JobSpec, job_spec
 from slurmagent.errors import SubmissionRefused
-from slurmagent.slurm.seam import SlurmCLI, refusal_kind
+from slurmagent.slurm.seam import LIMITS_TTL_S, SlurmCLI, refusal_kind
 from slurmagent.supervise.state import SweepState, TaskRecord
 from slurmagent.supervise.submission import (
     REFUSED,
@@ -413,3 +413,26 @@ def test_the_supervisor_job_carries_the_stop_flags_of_every_job(tmp_path: Path) 
     assert "#SBATCH --requeue" in lines
     assert "#SBATCH --open-mode=append" in lines
     assert f"#SBATCH --signal=B:USR1@{TIME_LIMIT_WARNING_S}" in lines
+
+
+def test_the_submit_limit_is_asked_of_accounting_once_per_ttl_and_again_after_a_limit_refusal(
+    tmp_path: Path, fake: FakeSlurm
+) -> None:
+    """A search submits trial by trial: each submission must not ask slurmdbd (sacctmgr, two
+    queries) again for a limit an administrator rarely changes; a change shows within the TTL,
+    and at once after sbatch refuses a submission for a limit."""
+    now = [0.0]
+    fake.set_submit_limit(5)
+    slurm = SlurmCLI(runner=fake, clock=lambda: now[0])
+    assert slurm.submit_limit("me") == 5 and slurm.calls["sacctmgr"] == 2
+    fake.set_submit_limit(3)
+    assert slurm.submit_limit("me") == 5 and slurm.calls["sacctmgr"] == 2  # within the TTL: not asked
+    now[0] = LIMITS_TTL_S
+    assert slurm.submit_limit("me") == 3 and slurm.calls["sacctmgr"] == 4  # after it: asked again
+    fake.set_submit_limit(7)
+    fake.refuse_sbatch(LIMIT.removeprefix("sbatch: error: "))
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    with pytest.raises(SubmissionRefused):
+        slurm.submit(script)
+    assert slurm.submit_limit("me") == 7 and slurm.calls["sacctmgr"] == 6  # the refusal dropped what was read
