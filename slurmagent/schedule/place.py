@@ -7,7 +7,10 @@ default. Each is scored by what matters to the user: when it would start (Slurm'
 estimate, `sbatch --test-only`, filled in by plan.py), how long it would run there (the
 prediction over the type's throughput), and what it would use (GPU-hours and cost, from
 `budget.usage_of` on the predicted run time: `budget.BASIS`); the memory must fit. The
-earliest predicted finish wins; finishes within `tie_s` of each other are a tie (Slurm's
+earliest predicted finish wins — the start plus the *expected* run time there, without the
+inflation that sizes the --time and the budget (inflated run times would push a slower type's
+finish back by more than a faster one's, a bias toward the faster type that grows with the
+job's length); finishes within `tie_s` of each other are a tie (Slurm's
 estimates come from separate `--test-only` calls, seconds apart), and a tie goes to the request
 for any fitting type, then the cheaper, then the smaller GPU (the larger one stays free for
 work that needs it).
@@ -54,13 +57,16 @@ class Candidate:
     lands_on: str = ""  # ANY: the type of the node Slurm would start it on now
     predicted_s: float = 0.0  # predicted run time there: history × inflation, no lead (no history: run_s)
     predicted_by_type: tuple[tuple[str, float], ...] = ()  # ANY: each type's predicted_s
+    expected_s: float = 0.0  # expected run time there: history, no inflation, at most run_s (no history: run_s)
+    expected_by_type: tuple[tuple[str, float], ...] = ()  # ANY: each type's expected_s
     gpus: int = 0  # GPUs of the job, all nodes (what usage counts)
     priced_as: str = ""  # the GPU type its use is priced at (ANY: where it lands, else its slowest)
 
     @property
     def expected_run_s(self) -> float:
-        """The predicted run time where it would start: ANY runs at the speed of the node it lands on."""
-        return self.predicted_s
+        """The expected run time where it would start (ANY runs at the speed of the node it
+        lands on): what its finish is predicted from."""
+        return self.expected_s or self.predicted_s
 
     @property
     def finish_s(self) -> float:
@@ -79,8 +85,21 @@ def tie_s(finish_s: float) -> float:
 def _priced(c: Candidate, gpu_type: str, site: SiteConf) -> Candidate:
     """`c` with its predicted run time and use on `gpu_type` (an ANY candidate's landing type)."""
     predicted = dict(c.predicted_by_type).get(gpu_type, c.predicted_s)
+    expected = dict(c.expected_by_type).get(gpu_type, c.expected_s)
     use = usage_of(c.gpus, predicted, gpu_type, site)
-    return replace(c, predicted_s=predicted, priced_as=gpu_type, cost=use.cost, gpu_hours=use.gpu_hours)
+    return replace(
+        c, predicted_s=predicted, expected_s=expected, priced_as=gpu_type, cost=use.cost, gpu_hours=use.gpu_hours
+    )
+
+
+def _run_times(reference_s: float | None, throughput: float, inflation: float, run_s: int) -> tuple[float, float]:
+    """(predicted, expected) run time on a GPU of `throughput`: the history's × `inflation`
+    (what the budget counts), and without it (what a finish is predicted from); each at most
+    the --time `run_s`, which is both without history."""
+    if reference_s is None:
+        return float(run_s), float(run_s)
+    expected = reference_s / max(throughput, 1e-9)
+    return min(float(run_s), expected * inflation), min(float(run_s), expected)
 
 
 def usable(node: NodeInfo, avoid: Collection[str]) -> bool:
@@ -123,11 +142,11 @@ def candidates(
         nodes = [cluster.nodes[n] for n in part.nodes if n in cluster.nodes and usable(cluster.nodes[n], avoid)]
         if res.gpus == 0:
             run_s = limit_seconds(reference_s, 1.0, inflation, lead_s) or fallback_s
-            predicted = min(float(run_s), reference_s * inflation) if reference_s is not None else float(run_s)
+            predicted, expected = _run_times(reference_s, 1.0, inflation, run_s)
             out.append(
                 Candidate(
                     part_name, None, tuple(n.name for n in nodes), None, True, "CPU job", run_s, 0.0, 0.0,
-                    predicted_s=predicted,
+                    predicted_s=predicted, expected_s=expected,
                 )
             )  # fmt: skip
             continue
@@ -148,16 +167,12 @@ def candidates(
                 fits = memory - GPU_HEADROOM_GIB >= need_gib
                 note = f"{memory:g} GiB {'≥' if fits else '<'} {need_gib:.2f} GiB needed"
             run_s = limit_seconds(reference_s, throughput, inflation, lead_s) or fallback_s
-            predicted = (
-                min(float(run_s), reference_s / max(throughput, 1e-9) * inflation)
-                if reference_s is not None
-                else float(run_s)
-            )
+            predicted, expected = _run_times(reference_s, throughput, inflation, run_s)
             use = usage_of(gpus_total, predicted, gpu_type, site)
             typed.append(
                 Candidate(
                     part_name, gpu_type, have, memory, fits, note, run_s, use.cost, use.gpu_hours,
-                    predicted_s=predicted, gpus=gpus_total, priced_as=gpu_type,
+                    predicted_s=predicted, gpus=gpus_total, priced_as=gpu_type, expected_s=expected,
                 )
             )  # fmt: skip
         explicit_any = res.gpu_type is None
@@ -191,6 +206,8 @@ def candidates(
                 predicted_s=slowest.predicted_s,
                 predicted_by_type=tuple((str(c.gpu_type), c.predicted_s) for c in fitting),
                 gpus=gpus_total,
+                expected_s=slowest.expected_s,
+                expected_by_type=tuple((str(c.gpu_type), c.expected_s) for c in fitting),
             )
             out.append(_priced(any_c, str(slowest.gpu_type), site))  # until Slurm says where it lands
     return out
@@ -213,7 +230,11 @@ def with_waits(
         if landing and landing in dict(c.predicted_by_type) and site is not None:
             placed = _priced(placed, landing, site)
         elif landing and landing in dict(c.predicted_by_type):
-            placed = replace(placed, predicted_s=dict(c.predicted_by_type)[landing])
+            placed = replace(
+                placed,
+                predicted_s=dict(c.predicted_by_type)[landing],
+                expected_s=dict(c.expected_by_type).get(landing, c.expected_s),
+            )
         out.append(placed)
     return out
 

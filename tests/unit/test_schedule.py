@@ -270,9 +270,10 @@ def test_plan_resolves_every_auto_value_and_records_why(tmp_path: Path) -> None:
         spec, fp, site=default_site(), history=store, cluster=CLUSTER, slurm=slurm, need_gib=2.0, now=now,
     )  # fmt: skip
     res = plan.resources
-    # the a100 would start in 30 min and run 3 min; a t4 starts now and runs 120 × 1.2 / 0.15 s = 16 min: a
-    # request for either type finishes as early, and may start sooner on an a100 freed later. Its --time: 16 min
-    # + 150 s for the stop warning (60 s signal delay + 60 s Slurm's resolution + a 30-s save) = 19 min
+    # the a100 would start in 30 min and run 2 min; a t4 starts now and runs 120 / 0.15 s = 13 min (16 with
+    # the inflation): a request for either type finishes first, and may start sooner on an a100 freed later.
+    # Its --time: 16 min + 150 s for the stop warning (60 s signal delay + 60 s Slurm's resolution + a 30-s
+    # save) = 19 min
     assert res.gpu_type is None and res.partition == "low" and res.time == "00:19:00" and res.mem == "896M"
     assert sbatch_flags(res)["gres"] == "gpu:1" and res.time_min == "00:05:00" and res.cpus_per_task == 2
     assert {d["key"] for d in plan.decisions} >= {"resources.gpu_type", "resources.time", "resources.mem"}
@@ -600,6 +601,23 @@ def test_a_tie_in_start_and_finish_goes_to_the_any_type_request() -> None:
     assert choose(with_waits(cands, far, {"low": "a100"}))[0].gpu_type == "any"  # 25 s on 600: within 5 %
     farther = {**far, ("low", "any"): (40.0, "")}
     assert choose(with_waits(cands, farther, {"low": "a100"}))[0].gpu_type == "a100"  # 40 s: not a tie
+
+
+def test_finishes_are_compared_on_expected_run_times_not_on_the_inflated_ones() -> None:
+    """The inflation (1.2) sizes --time and the budget; a finish is the start plus the run time
+    to expect. Inflated, a t4's run (6.7× an a100's here) is pushed back by 1.13× the a100's
+    run more than the a100's is: for a job of 600 A100-seconds that waits 3700 s for an a100
+    or starts at once on a t4, the t4 finishes first (4000 s against 4300 s), while the inflated
+    figures (4800 against 4420) would send it to wait for the a100."""
+    site = default_site()
+    cands = candidates(ResourcesConf(gpus=1, gpu_type="auto"), 3.0, 600.0, 3600, site, CLUSTER, inflation=1.2)
+    waits = {("low", "a100"): (3700.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (0.0, "")}
+    placed = {c.gpu_type: c for c in with_waits(cands, waits, {"low": "t4"}, site)}
+    assert placed["any"].finish_s == pytest.approx(4000) and placed["a100"].finish_s == pytest.approx(4300)
+    assert placed["any"].predicted_s == pytest.approx(4800)  # the budget still counts the inflated run
+    best, why = choose(list(placed.values()))
+    assert best.gpu_type == "any", why
+    assert "starts in 0s on t4, runs 4000s" in why, why
 
 
 def test_every_gpu_hour_and_cost_comes_from_one_function_on_one_basis() -> None:
