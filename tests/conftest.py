@@ -14,16 +14,18 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = ROOT / "tests" / "cluster" / "slurm-cluster"
@@ -99,6 +101,23 @@ def audit_records(path: Path, retention: bool = False) -> list[dict[str, Any]]:
     run checkpointed."""
     recs = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
     return [r for r in recs if retention or r.get("action") != "delete_checkpoint"]
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """`<run>/name`, filled by `build` once per test run: a module fixture whose tests xdist
+    spreads over both workers would otherwise be built twice, at once (twice the time, and a
+    race where the build shares a directory, as setuptools' does in the source tree). The first
+    worker builds under a lock; the others wait and take what it built."""
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # every worker's run directory
+    out, done = run / name, run / f"{name}.built"
+    with FileLock(str(run / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed build left
+            out.mkdir()
+            build(out)
+            done.touch()
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import built_once
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory, project_root: Path) -> Path:
-    work = tmp_path_factory.mktemp("wheel")
+    """The wheel built and installed once per test run (setuptools builds inside the source
+    tree: two builds at once, one per xdist worker, break each other)."""
+    return built_once(tmp_path_factory, "wheel", lambda work: _build_and_install(work, project_root)) / "venv"
+
+
+def _build_and_install(work: Path, project_root: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), str(project_root)],
         check=True,
@@ -44,7 +51,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory, project_root: Path) -> P
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return venv
 
 
 def run(venv: Path, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -37,6 +37,7 @@ from slurmagent.supervise.report import (
 )
 from slurmagent.supervise.state import SweepStore
 from slurmagent.supervise.views import task_dir, varying_overrides
+from tests.conftest import built_once
 
 # x=0.3 is the best (val_error = (x-0.3)² + 0.5/epoch); x=0.95 diverges after its first epoch:
 # a curve with a single finite point
@@ -76,18 +77,18 @@ def sweep(tmp: Path, *overrides: str) -> Path:
     return out
 
 
+def reported(tmp: Path, *overrides: str) -> None:
+    write_report(sweep(tmp, *overrides))
+
+
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = sweep(tmp_path_factory.mktemp("grid"), *GRID)
-    write_report(out)
-    return out
+    return built_once(tmp_path_factory, "report-grid", lambda tmp: reported(tmp, *GRID)) / "sweep"
 
 
 @pytest.fixture(scope="module")
 def search(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = sweep(tmp_path_factory.mktemp("search"), *SEARCH)
-    write_report(out)
-    return out
+    return built_once(tmp_path_factory, "report-search", lambda tmp: reported(tmp, *SEARCH)) / "sweep"
 
 
 class Page(HTMLParser):
