@@ -7,8 +7,8 @@ before anything is submitted, naming the key and the valid values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from slurmagent.config import ResourcesConf
 from slurmagent.errors import ConfigError, choices
 from slurmagent.slurm.seam import SlurmCLI, parse_scontrol_config
 from slurmagent.syntax import (
@@ -18,6 +18,9 @@ from slurmagent.syntax import (
     seconds_to_slurm_time,
     slurm_time_to_seconds,
 )
+
+if TYPE_CHECKING:  # a type only: the config package costs a Slurm command's process tens of ms to import
+    from slurmagent.config import ResourcesConf
 
 
 @dataclass(frozen=True)
