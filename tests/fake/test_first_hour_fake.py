@@ -9,14 +9,13 @@ import io
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from slurmagent.commands import slurmagent_command
-from tests.conftest import browser_dom
+from tests.conftest import browser_dom, built_once
 from tests.fake.conftest import first_job_id, slurmagent, start, sweep_state, wait_steps
 from tests.fake.fake_slurm import FakeSlurm
 
@@ -30,19 +29,23 @@ DIGITS = (
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeSlurm, Path, Path]]:
-    """A two-task digits sweep whose task 0 was preempted once, run to the end."""
-    work = tmp_path_factory.mktemp("first-hour")
-    fake = FakeSlurm(work / "fake-slurm", kill_wait_s=3.0)
-    sweep = work / "sweep"
-    launcher = start(fake, work, *DIGITS, "-m", "optim.lr=1e-3,1e-2", f"hydra.sweep.dir={sweep}")
-    job = first_job_id(sweep)
-    fake.wait(job, ("RUNNING",))
-    wait_steps(sweep, 10)
-    fake.preempt(job)
-    _, err = launcher.communicate(timeout=300)
-    assert launcher.returncode == 0, err
-    yield fake, sweep, work
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[FakeSlurm, Path, Path]:
+    """A two-task digits sweep whose task 0 was preempted once, run to the end (once per test
+    run: a worker that gets some of these tests after another built it takes the same one)."""
+
+    def build(work: Path) -> None:
+        fake = FakeSlurm(work / "fake-slurm", kill_wait_s=3.0)
+        sweep = work / "sweep"
+        launcher = start(fake, work, *DIGITS, "-m", "optim.lr=1e-3,1e-2", f"hydra.sweep.dir={sweep}")
+        job = first_job_id(sweep)
+        fake.wait(job, ("RUNNING",))
+        wait_steps(sweep, 10)
+        fake.preempt(job)
+        _, err = launcher.communicate(timeout=300)
+        assert launcher.returncode == 0, err
+
+    work = built_once(tmp_path_factory, "first-hour", build)
+    return FakeSlurm(work / "fake-slurm"), work / "sweep", work  # the built cluster's state, as it was left
 
 
 def test_jobs_are_named_after_the_experiment(finished: tuple[FakeSlurm, Path, Path]) -> None:
