@@ -119,7 +119,8 @@ def test_a_preempted_grid_task_resumes_bit_identically(home: Path, tmp_path: Pat
 
 
 def test_a_search_trial_requeued_mid_rung_resumes_exactly(home: Path) -> None:
-    """(b) A search under the default sweep dir; its first trial's job requeued mid-rung."""
+    """(b) A search under the default sweep dir and the default rungs (a full training of 27
+    epochs, the lowest rung a tenth of it); its first trial's job requeued mid-rung."""
     launcher = start(
         home,
         "+experiment=synthetic",
@@ -127,7 +128,6 @@ def test_a_search_trial_requeued_mid_rung_resumes_exactly(home: Path) -> None:
         "-m",
         "synthetic.x=interval(0,1)",
         "hpo.fidelity.key=synthetic.epochs",
-        "hpo.fidelity.max=9",
         "synthetic.steps_per_epoch=3",
         "synthetic.step_time_s=0.3",
         "hpo.budget.trials=3",
@@ -135,11 +135,13 @@ def test_a_search_trial_requeued_mid_rung_resumes_exactly(home: Path) -> None:
         *POLL,
     )
     sweep = the_sweep(home)
-    job = running_job(sweep, 0, min_lines=2)  # inside rung 1 (3 steps of 0.3 s)
+    job = running_job(sweep, 0, min_lines=2)  # inside the first rung (2 epochs: 6 steps of 0.3 s)
     requeue(job)
     code, out = finish(launcher)
     assert code == 0, out
-    trials = json.loads((sweep / "hpo" / "trials.json").read_text())["trials"]
+    body = json.loads((sweep / "hpo" / "trials.json").read_text())
+    assert body["rungs"] == [2, 6, 18, 27], body["rungs"]  # hpo.fidelity.min unset: a tenth of 27, rounded down
+    trials = body["trials"]
     (task0,) = [t for t in state(sweep)["tasks"] if t["index"] == 0]
     assert task0["attempts"][0]["restarts"] >= 1, task0  # really requeued, and not counted as a new attempt
     for trial in trials:
