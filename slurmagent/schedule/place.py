@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from slurmagent.config import ResourcesConf, SiteConf
 from slurmagent.errors import ConfigError, choices
@@ -40,6 +41,15 @@ FINISH_TIE_FRACTION = 0.05
 ANY = "any"  # a candidate for every fitting type at once: an untyped GRES request, Slurm picks the node
 
 
+class TypeRun(NamedTuple):
+    """One GPU type of an ANY candidate: what the job would ask and take there."""
+
+    gpu_type: str
+    run_s: int  # its --time
+    predicted_s: float  # history × inflation (what use is counted from)
+    expected_s: float  # history alone (what a finish is predicted from)
+
+
 @dataclass(frozen=True)
 class Candidate:
     partition: str
@@ -53,12 +63,10 @@ class Candidate:
     gpu_hours: float
     wait_s: float | None = None  # until Slurm would start it (None: not asked, or it cannot run)
     start_note: str = ""  # Slurm's answer
-    by_type: tuple[tuple[str, int], ...] = ()  # ANY: each type's --time (run_s is the slowest's)
+    by_type: tuple[TypeRun, ...] = ()  # ANY: each fitting type's --time and run times (run_s: the slowest's)
     lands_on: str = ""  # ANY: the type of the node Slurm would start it on now
     predicted_s: float = 0.0  # predicted run time there: history × inflation, no lead (no history: run_s)
-    predicted_by_type: tuple[tuple[str, float], ...] = ()  # ANY: each type's predicted_s
     expected_s: float = 0.0  # expected run time there: history, no inflation, at most run_s (no history: run_s)
-    expected_by_type: tuple[tuple[str, float], ...] = ()  # ANY: each type's expected_s
     gpus: int = 0  # GPUs of the job, all nodes (what usage counts)
     priced_as: str = ""  # the GPU type its use is priced at (ANY: where it lands, else its slowest)
 
@@ -73,8 +81,13 @@ class Candidate:
         return (self.wait_s if self.wait_s is not None else math.inf) + self.expected_run_s
 
     @property
+    def types(self) -> tuple[str, ...]:
+        """ANY: the GPU types it may start on."""
+        return tuple(t.gpu_type for t in self.by_type)
+
+    @property
     def label(self) -> str:
-        return f"any of {'|'.join(t for t, _ in self.by_type)}" if self.gpu_type == ANY else (self.gpu_type or "cpu")
+        return f"any of {'|'.join(self.types)}" if self.gpu_type == ANY else (self.gpu_type or "cpu")
 
 
 def tie_s(finish_s: float) -> float:
@@ -83,9 +96,10 @@ def tie_s(finish_s: float) -> float:
 
 
 def _priced(c: Candidate, gpu_type: str, site: SiteConf) -> Candidate:
-    """`c` with its predicted run time and use on `gpu_type` (an ANY candidate's landing type)."""
-    predicted = dict(c.predicted_by_type).get(gpu_type, c.predicted_s)
-    expected = dict(c.expected_by_type).get(gpu_type, c.expected_s)
+    """`c` with its run times and use on `gpu_type` (an ANY candidate's landing type; one not
+    among its types keeps `c`'s run times)."""
+    there = next((t for t in c.by_type if t.gpu_type == gpu_type), None)
+    predicted, expected = (there.predicted_s, there.expected_s) if there else (c.predicted_s, c.expected_s)
     use = usage_of(c.gpus, predicted, gpu_type, site)
     return replace(
         c, predicted_s=predicted, expected_s=expected, priced_as=gpu_type, cost=use.cost, gpu_hours=use.gpu_hours
@@ -202,12 +216,10 @@ def candidates(
                 slowest.run_s,
                 0.0,
                 0.0,
-                by_type=tuple((str(c.gpu_type), c.run_s) for c in fitting),
+                by_type=tuple(TypeRun(str(c.gpu_type), c.run_s, c.predicted_s, c.expected_s) for c in fitting),
                 predicted_s=slowest.predicted_s,
-                predicted_by_type=tuple((str(c.gpu_type), c.predicted_s) for c in fitting),
                 gpus=gpus_total,
                 expected_s=slowest.expected_s,
-                expected_by_type=tuple((str(c.gpu_type), c.expected_s) for c in fitting),
             )
             out.append(_priced(any_c, str(slowest.gpu_type), site))  # until Slurm says where it lands
     return out
@@ -216,8 +228,8 @@ def candidates(
 def with_waits(
     cands: list[Candidate],
     waits: Mapping[tuple[str, str | None], tuple[float | None, str]],
-    lands_on: Mapping[str, str] | None = None,
-    site: SiteConf | None = None,
+    lands_on: Mapping[str, str],
+    site: SiteConf,
 ) -> list[Candidate]:
     """Slurm's start estimates (seconds from now, its words) put on the candidates; for ANY,
     the type of the node Slurm named (`lands_on`: partition → type), where its run time and
@@ -225,16 +237,10 @@ def with_waits(
     out = []
     for c in cands:
         wait, note = waits.get((c.partition, c.gpu_type), (None, ""))
-        landing = (lands_on or {}).get(c.partition, "") if c.gpu_type == ANY else ""
+        landing = lands_on.get(c.partition, "") if c.gpu_type == ANY else ""
         placed = replace(c, wait_s=wait, start_note=note, lands_on=landing)
-        if landing and landing in dict(c.predicted_by_type) and site is not None:
+        if landing in c.types:
             placed = _priced(placed, landing, site)
-        elif landing and landing in dict(c.predicted_by_type):
-            placed = replace(
-                placed,
-                predicted_s=dict(c.predicted_by_type)[landing],
-                expected_s=dict(c.expected_by_type).get(landing, c.expected_s),
-            )
         out.append(placed)
     return out
 
@@ -260,7 +266,7 @@ def choose(cands: list[Candidate]) -> tuple[Candidate, str]:
     why = [best.fit_note] if best.gpu_type else []
     if best.gpu_type == ANY:
         why.append(
-            f"Slurm starts it on whichever of {'/'.join(t for t, _ in best.by_type)} frees first; "
+            f"Slurm starts it on whichever of {'/'.join(best.types)} frees first; "
             f"--time covers the slowest ({best.run_s}s)"
         )
     if best.wait_s is not None:

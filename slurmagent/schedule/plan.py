@@ -269,9 +269,7 @@ def _fill(
         cpus = proportional_cpus(res, nodes, gpu_type)
         if cpus != res.cpus_per_task:
             out = dataclasses.replace(out, cpus_per_task=cpus)
-            where = (
-                f"the {'/'.join(t for t, _ in chosen.by_type)} nodes" if chosen.by_type else f"the {chosen.label} nodes"
-            )
+            where = f"the {'/'.join(chosen.types)} nodes" if chosen.by_type else f"the {chosen.label} nodes"
             note("cpus_per_task", cpus, f"in proportion to {res.gpus} GPU(s) of {where}")
     if res.time == AUTO:
         time_s = run_s

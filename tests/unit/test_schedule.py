@@ -199,19 +199,22 @@ def test_placement_picks_the_smallest_gpu_that_fits_and_avoids_drained_nodes() -
     assert t4.nodes == ("t4-1",)  # t4-2 is drained
     assert t4.run_s == 4020 and t4.predicted_s == 4000  # --time in whole minutes; the prediction itself
     assert t4.cost == pytest.approx(4000 / 3600 * 0.35) and t4.gpu_hours == pytest.approx(4000 / 3600)  # budget.BASIS
-    both_free = with_waits(cands, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")})
+    both_free = with_waits(cands, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")}, {}, site)
     chosen, why = choose(both_free)
     assert chosen.gpu_type == "a100" and "earliest predicted finish" in why  # a t4 runs 6.7× longer
-    a100_busy = with_waits(cands, {("low", "a100"): (7200.0, ""), ("low", "t4"): (0.0, "")})
+    a100_busy = with_waits(cands, {("low", "a100"): (7200.0, ""), ("low", "t4"): (0.0, "")}, {}, site)
     assert choose(a100_busy)[0].gpu_type == "t4"  # waiting two hours for the a100 finishes later
     # one request for either type: Slurm would start it now on a t4; as soon as the t4 alone, and more flexible
     waits = {("low", "a100"): (7200.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (0.0, "")}
-    either, why = choose(with_waits(cands, waits, {"low": "t4"}))
+    either, why = choose(with_waits(cands, waits, {"low": "t4"}, site))
     assert either.gpu_type == "any" and either.run_s == 4020 and either.expected_run_s == 4000
     assert "Slurm starts it on whichever of a100/t4 frees first; --time covers the slowest (4020s)" in why
-    assert choose(with_waits(cands, {**waits, ("low", "a100"): (0.0, "")}, {"low": "t4"}))[0].gpu_type == "a100"
+    assert choose(with_waits(cands, {**waits, ("low", "a100"): (0.0, "")}, {"low": "t4"}, site))[0].gpu_type == "a100"
     no_history = candidates(res, 3.0, None, 1800, site, CLUSTER)
-    assert choose(with_waits(no_history, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")}))[0].gpu_type == "t4"
+    assert (
+        choose(with_waits(no_history, {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, "")}, {}, site))[0].gpu_type
+        == "t4"
+    )
 
 
 def test_placement_refuses_when_nothing_fits_and_says_why() -> None:
@@ -593,14 +596,15 @@ def test_a_tie_in_start_and_finish_goes_to_the_any_type_request() -> None:
     assert plan.chosen is not None and plan.chosen.gpu_type == "any" and plan.resources.gpu_type is None
     why = next(d["why"] for d in plan.decisions if d["key"] == "resources.gpu_type")
     assert "finishes 1s apart: a tie (within 180s), which goes to the any-type request" in why, why  # 5 % of 1 h
-    cands = candidates(ResourcesConf(gpus=1, gpu_type="auto"), 3.0, 600.0, 3600, default_site(), CLUSTER)
+    site = default_site()
+    cands = candidates(ResourcesConf(gpus=1, gpu_type="auto"), 3.0, 600.0, 3600, site, CLUSTER)
     # the a100 alone finishes 120 s sooner than the any-type request landing on a t4: no tie
     waits = {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (0.0, "")}
-    assert choose(with_waits(cands, waits, {"low": "t4"}))[0].gpu_type == "a100"
+    assert choose(with_waits(cands, waits, {"low": "t4"}, site))[0].gpu_type == "a100"
     far = {("low", "a100"): (0.0, ""), ("low", "t4"): (0.0, ""), ("low", "any"): (25.0, "")}
-    assert choose(with_waits(cands, far, {"low": "a100"}))[0].gpu_type == "any"  # 25 s on 600: within 5 %
+    assert choose(with_waits(cands, far, {"low": "a100"}, site))[0].gpu_type == "any"  # 25 s on 600: within 5 %
     farther = {**far, ("low", "any"): (40.0, "")}
-    assert choose(with_waits(cands, farther, {"low": "a100"}))[0].gpu_type == "a100"  # 40 s: not a tie
+    assert choose(with_waits(cands, farther, {"low": "a100"}, site))[0].gpu_type == "a100"  # 40 s: not a tie
 
 
 def test_finishes_are_compared_on_expected_run_times_not_on_the_inflated_ones() -> None:
