@@ -283,9 +283,10 @@ def _fill(
         else:
             why = f"no history: site.scheduling.fallback_time={site.scheduling.fallback_time}"
         note("time", out.time, why + (f"; capped at partition {chosen.partition}'s limit" if capped else ""))
-        if res.time_min is None and checkpointed(spec):
-            lo = max(lead_s + 60, site.scheduling.time_min_fraction * time_s)
-            lo = min(time_s, math.ceil(lo / 60) * 60)
+        # a floor that leaves a minute of work before the warning; none when that is the whole
+        # --time (no shorter hole is worth starting in, and Slurm would treat it as absent)
+        lo = math.ceil(max(lead_s + 60, site.scheduling.time_min_fraction * time_s) / 60) * 60
+        if res.time_min is None and checkpointed(spec) and lo < time_s:
             out = dataclasses.replace(out, time_min=seconds_to_slurm_time(int(lo)))
             note(
                 "time_min",

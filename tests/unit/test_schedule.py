@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sqlite3
 import sys
 from pathlib import Path
@@ -545,7 +546,8 @@ def test_an_auto_limit_covers_the_prediction_the_stop_warnings_lead_and_a_checkp
 ) -> None:
     """A checkpointed job's --time: its prediction, + recovery.signal_delay_s, + the 60 s by
     which Slurm may send the warning early (sbatch(1)), + a checkpoint save (measured: 20 s);
-    --time-min leaves it a minute of work before the warning."""
+    --time-min leaves it a minute of work before the warning, and is not asked when that is the
+    whole --time (it said "backfill may start it in a shorter hole" of a 3-minute job's 3 minutes)."""
     from slurmagent.schedule.predict import SIGNAL_RESOLUTION_S
 
     store = HistoryStore(tmp_path / "h.sqlite")
@@ -566,8 +568,12 @@ def test_an_auto_limit_covers_the_prediction_the_stop_warnings_lead_and_a_checkp
         assert plan.chosen is not None and plan.chosen.predicted_s == pytest.approx(predicted_s)
         assert limit >= predicted_s + delay + SIGNAL_RESOLUTION_S + 20, (predicted_s, delay, plan.resources.time)
         assert limit - (predicted_s + delay + SIGNAL_RESOLUTION_S + 20) < 60  # whole minutes, no more
-        time_min = slurm_time_to_seconds(str(plan.resources.time_min))
-        assert min(limit, delay + SIGNAL_RESOLUTION_S + 20 + 60) <= time_min <= limit
+        floor = math.ceil((delay + SIGNAL_RESOLUTION_S + 20 + 60) / 60) * 60  # the lead and a minute of work
+        if limit <= floor:
+            assert plan.resources.time_min is None and "time-min" not in sbatch_flags(plan.resources), plan.resources
+            assert "resources.time_min" not in {d["key"] for d in plan.decisions}
+        else:
+            assert floor <= slurm_time_to_seconds(str(plan.resources.time_min)) < limit, plan.resources
         why = next(d["why"] for d in plan.decisions if d["key"] == "resources.time")
         assert f"recovery.signal_delay_s={delay}" in why and "20s checkpoint (measured)" in why
     plain = job_spec({"resources": {"gpus": 1, "gpu_type": "a100", "time": "auto"}, "checkpoint": {"every_steps": 0},
