@@ -19,7 +19,7 @@ work that needs it).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -28,6 +28,7 @@ from slurmagent.errors import ConfigError, choices
 from slurmagent.schedule.budget import usage_of
 from slurmagent.schedule.predict import limit_seconds
 from slurmagent.slurm.cluster import ClusterInfo, NodeInfo
+from slurmagent.slurm.seam import PendingJob
 
 UNUSABLE_STATES = ("drain", "down", "fail", "maint", "reboot", "unknown", "not_responding", "inval", "future")
 GPU_HEADROOM_GIB = 1.0  # CUDA context and allocator slack
@@ -223,6 +224,39 @@ def candidates(
             )
             out.append(_priced(any_c, str(slowest.gpu_type), site))  # until Slurm says where it lands
     return out
+
+
+def _gpus(nodes: Iterable[NodeInfo], gpu_type: str | None) -> int:
+    """The GPUs of `gpu_type` on `nodes` (None: of every type)."""
+    return sum(n for node in nodes for t, n in node.gpus.items() if gpu_type is None or t == gpu_type)
+
+
+def queued_ahead(
+    gpu_type: str, nodes: Collection[str], pending: Sequence[PendingJob], cluster: ClusterInfo
+) -> tuple[float, int]:
+    """How much later than `sbatch --test-only` says a job would start on the `gpu_type` GPUs
+    of `nodes`, and for how many jobs: the GPU-seconds (GPUs × time limit, what Slurm's backfill
+    plans with) of the jobs already waiting for those GPUs, spread over them. A job waiting for
+    any type counts in proportion to their share of its partitions' GPUs. A fluid estimate: it
+    keeps a burst of jobs from each taking the type that looks free first, one after another."""
+    mine = set(nodes)
+    capacity = _gpus((cluster.nodes[n] for n in mine if n in cluster.nodes), gpu_type)
+    if capacity == 0:
+        return 0.0, 0
+    demand, count = 0.0, 0
+    for job in pending:
+        if job.gpu_type not in (None, gpu_type):
+            continue  # it waits for another type
+        theirs = [
+            cluster.nodes[n]
+            for n in {n for p in job.partitions if p in cluster.partitions for n in cluster.partitions[p].nodes}
+            if n in cluster.nodes
+        ]
+        share = _gpus((n for n in theirs if n.name in mine), gpu_type) / max(_gpus(theirs, job.gpu_type), 1)
+        if share > 0:
+            demand += job.gpus * job.limit_s * share
+            count += 1
+    return demand / capacity, count
 
 
 def with_waits(

@@ -14,23 +14,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmagent.config import AUTO, JobSpec, ResourcesConf, SiteConf, auto_keys, spec_key
-from slurmagent.errors import ConfigError
+from slurmagent.errors import ConfigError, SlurmCommandError
 from slurmagent.schedule.budget import Usage, usage_of
 from slurmagent.schedule.history import HistoryStore, default_history_path, fingerprint
 from slurmagent.schedule.place import (
     ANY,
+    FINISH_TIE_S,
     Candidate,
     candidates,
     choose,
     proportional_cpus,
     proportional_mem_mb,
+    queued_ahead,
     usable,
     with_waits,
 )
 from slurmagent.schedule.predict import SIGNAL_RESOLUTION_S, Prediction, predict, stop_lead_s
 from slurmagent.slurm.cluster import ClusterInfo
 from slurmagent.slurm.sbatch import sbatch_flags
-from slurmagent.slurm.seam import SlurmCLI
+from slurmagent.slurm.seam import PendingJob, SlurmCLI
 from slurmagent.syntax import mem_to_mb, seconds_to_slurm_time, slurm_time_to_seconds
 
 LOCAL_MEM_FALLBACK = "1G"
@@ -63,6 +65,15 @@ class Plan:
             "decisions": self.decisions,
             "candidates": [dataclasses.asdict(c) for c in self.candidates],
         }
+
+
+def _pending(slurm: SlurmCLI) -> list[PendingJob]:
+    """The queue's waiting GPU jobs; none when squeue does not answer (the estimate is then
+    Slurm's alone, as before there was a queue to read)."""
+    try:
+        return slurm.pending()
+    except SlurmCommandError:
+        return []
 
 
 def _seconds_until(stamp: str, now: float) -> float | None:
@@ -135,17 +146,22 @@ def plan_spec(
     waits: dict[tuple[str, str | None], tuple[float | None, str]] = {}
     lands_on: dict[str, str] = {}
     stamp = time.time() if now is None else now
+    pending = _pending(slurm)
     for c in trial:
         probe = _fill(res, c, c.run_s, pred, cluster, spec, site)
         answer = slurm.test_only(sbatch_flags(dataclasses.replace(probe, time_min=None)))
         if answer.start:
-            waits[(c.partition, c.gpu_type)] = (
-                _seconds_until(answer.start, stamp),
-                f"{answer.start} on {answer.nodes}",
-            )
+            wait, note = _seconds_until(answer.start, stamp), f"{answer.start} on {answer.nodes}"
             node = cluster.nodes.get(answer.nodes.split(",")[0])
             if c.gpu_type == ANY and node is not None:
                 lands_on[c.partition] = next((t for t in node.gpus if t), "")
+            queue = lands_on.get(c.partition, "") if c.gpu_type == ANY else c.gpu_type
+            if queue and wait is not None and wait > FINISH_TIE_S:  # not now: jobs waiting for those GPUs go first
+                ahead_s, ahead = queued_ahead(queue, c.nodes, pending, cluster)
+                if ahead:
+                    wait += ahead_s
+                    note += f", then {ahead_s:.0f}s for the {ahead} job(s) queued ahead for its {queue} GPUs"
+            waits[(c.partition, c.gpu_type)] = (wait, note)
         else:
             waits[(c.partition, c.gpu_type)] = (None, answer.error)
     cands = with_waits(cands, waits, lands_on, site)

@@ -327,6 +327,11 @@ class SlurmCLI:
         proc = self._call(["sbatch", "--test-only", *(f"--{k}={v}" for k, v in flags.items()), "--wrap=true"])
         return parse_test_only(proc.stderr + proc.stdout)  # its answer is on stderr, a refusal's too
 
+    def pending(self) -> list[PendingJob]:
+        """The GPU jobs waiting in the queue for resources or priority, every user's (array
+        tasks each): what `sbatch --test-only` leaves out, as it answers from the running jobs."""
+        return parse_pending(self.run(["squeue", "-h", "-r", "-t", "PD", "-o", PENDING_FORMAT]))
+
     def jobs_with_comment(self, comment: str, user: str) -> list[str]:
         """The ids of `user`'s jobs (arrays: their own ids) whose --comment is `comment`."""
         out = self.run(["squeue", "-h", "-u", user, "-o", "%F|%k"])
@@ -382,6 +387,20 @@ class JobUsage:
     @property
     def gpu_seconds(self) -> float:
         return self.gpus * self.elapsed_s
+
+
+PENDING_FORMAT = "%P|%T|%r|%b|%D|%l"  # partitions, state, reason, GRES per node, nodes, time limit
+WAITING_REASONS = frozenset({"Resources", "Priority"})  # queued ahead; not held, not waiting on a dependency
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A GPU job waiting in the queue (`squeue -t PD`)."""
+
+    partitions: tuple[str, ...]  # the ones it may start in
+    gpu_type: str | None  # None: any type
+    gpus: int  # all its nodes
+    limit_s: int  # its --time
 
 
 @dataclass(frozen=True)
@@ -472,6 +491,28 @@ def parse_test_only(text: str) -> TestOnly:
         return TestOnly(m.group(1), m.group(2), m.group(3))
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return TestOnly("", "", "", lines[-1] if lines else "no answer")
+
+
+def parse_pending(text: str) -> list[PendingJob]:
+    """`squeue -o PENDING_FORMAT` lines → the GPU jobs pending for resources or priority with a
+    time limit (`gpu|PENDING|Resources|gres:gpu:a100:2|1|4:00`); CPU jobs, held jobs, jobs
+    waiting on a dependency or a begin time, and jobs without a limit are left out."""
+    from slurmagent.syntax import parse_gres, slurm_time_to_seconds
+
+    out: list[PendingJob] = []
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 6:
+            continue
+        parts, state, reason, gres, nodes, limit = (f.strip() for f in fields)
+        if state != "PENDING" or reason not in WAITING_REASONS or not limit[:1].isdigit() or not nodes.isdigit():
+            continue
+        per_node = parse_gres(gres.removeprefix("gres:").removeprefix("gres/"))
+        for gpu_type, count in per_node.items():
+            out.append(
+                PendingJob(tuple(parts.split(",")), gpu_type or None, count * int(nodes), slurm_time_to_seconds(limit))
+            )
+    return out
 
 
 def parse_scontrol_fields(text: str) -> dict[str, str]:

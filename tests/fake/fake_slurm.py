@@ -603,6 +603,9 @@ class FakeSlurm:
             "N": job.node,
             "P": job.partition,
             "k": job.comment,
+            "b": f"gres:{job.gres}" if job.gres else "N/A",
+            "D": "1",
+            "l": seconds_to_slurm_time(job.time_s) if job.time_s is not None else "UNLIMITED",
         }
 
     def _sacct(self, args: list[str], cwd: str) -> tuple[int, str, str]:

@@ -36,7 +36,7 @@ from slurmagent.schedule.plan import plan_spec
 from slurmagent.schedule.predict import predict
 from slurmagent.slurm.cluster import parse_cluster
 from slurmagent.slurm.sbatch import sbatch_flags
-from slurmagent.slurm.seam import SlurmCLI, parse_test_only, parse_usage
+from slurmagent.slurm.seam import PendingJob, SlurmCLI, parse_pending, parse_test_only, parse_usage
 from slurmagent.syntax import slurm_time_to_seconds
 
 # the test cluster's sinfo (tests/unit/test_slurm_parse.py), with t4-2 drained
@@ -239,12 +239,16 @@ def test_cpus_and_memory_in_proportion_to_gpus() -> None:
 
 
 class RecordedSlurm(SlurmCLI):
-    """Answers `sbatch --test-only` from a table (a recorded cluster state); nothing else."""
+    """Answers `sbatch --test-only` from a table (a recorded cluster state), and the queue's
+    waiting jobs from recorded `squeue` lines (none by default); nothing else."""
 
-    def __init__(self, starts: dict[str, tuple[str, str]]) -> None:
+    def __init__(self, starts: dict[str, tuple[str, str]], squeue: str = "") -> None:
         super().__init__(runner=lambda argv, timeout: (_ for _ in ()).throw(AssertionError(argv)))
-        self.starts, self.asked = starts, []  # gres → Slurm's start time
+        self.starts, self.squeue = starts, squeue  # gres → Slurm's start time
         self.asked: list[dict[str, str]] = []
+
+    def pending(self) -> list[PendingJob]:
+        return parse_pending(self.squeue)
 
     def test_only(self, flags: dict[str, str]):  # type: ignore[no-untyped-def]
         self.asked.append(flags)
@@ -611,6 +615,56 @@ def test_a_tie_in_start_and_finish_goes_to_the_any_type_request() -> None:
     assert choose(with_waits(cands, far, {"low": "a100"}, site))[0].gpu_type == "any"  # 25 s on 600: within 5 %
     farther = {**far, ("low", "any"): (40.0, "")}
     assert choose(with_waits(cands, farther, {"low": "a100"}, site))[0].gpu_type == "a100"  # 40 s: not a tie
+
+
+# the queue a moment into the burst of bench/schedule_trace.py --seed 4 (squeue -o PENDING_FORMAT):
+# a 2-GPU job typed a100 and two 1-GPU ones, all waiting for a100-1
+QUEUED_FOR_A100 = """\
+gpu|PENDING|Resources|gres:gpu:a100:2|1|4:00
+gpu|PENDING|Priority|gres:gpu:a100:1|1|4:00
+gpu|PENDING|Priority|gres:gpu:a100:1|1|7:00
+gpu|PENDING|Dependency|gres:gpu:t4:2|1|1:00:00
+"""
+
+
+def test_jobs_already_queued_for_a_type_push_its_start_back_so_a_burst_does_not_pile_onto_it(
+    tmp_path: Path,
+) -> None:
+    """`sbatch --test-only` answers from the running jobs alone. In the held-out burst (seed 4)
+    three 2-GPU jobs each saw the a100s free first and asked for them: they ran one after
+    another on a100-1 while both t4 nodes stood idle (makespan 572 s against 436 s as their
+    users had asked). The jobs already waiting for a type now count: their GPU-seconds over its
+    GPUs (here (480 + 240 + 420) / 2 = 570 s; the held job does not count)."""
+    import datetime as dt
+
+    now = dt.datetime(2026, 12, 1, 12, 0, 0).timestamp()
+    cluster = parse_cluster(RECORDED_NODES, SINFO_PARTS, {})  # both t4 nodes up
+    site = default_site()
+    spec = job_spec({"resources": {"gpus": 2, "gpu_type": "auto", "partition": "gpu"}, "task": {"target": "m:f"}})
+    store = HistoryStore(tmp_path / "h.sqlite")
+    store.add([dataclasses.replace(row(87, "a100", at=1), gpus=2)])
+    starts = {
+        "gpu:a100:2": ("2026-12-01T12:02:50", "a100-1"),  # when its two running jobs' limits end
+        "gpu:t4:2": ("2026-12-01T12:02:00", "t4-1"),
+        "gpu:2": ("2026-12-01T12:02:00", "t4-1"),
+    }
+    alone = plan_spec(spec, "fp", site=site, history=store, cluster=cluster, slurm=RecordedSlurm(starts), now=now)
+    assert alone.chosen is not None and alone.chosen.gpu_type == "a100"  # 170 + 87 s against 120 + 580 s on a t4
+    queued = RecordedSlurm(starts, QUEUED_FOR_A100)
+    plan = plan_spec(spec, "fp", site=site, history=store, cluster=cluster, slurm=queued, now=now)
+    assert plan.chosen is not None and plan.chosen.gpu_type == "any", plan.decisions
+    a100 = next(c for c in plan.candidates if c.gpu_type == "a100")
+    assert (
+        a100.wait_s == pytest.approx(170 + 570)
+        and "570s for the 3 job(s) queued ahead for its a100 GPUs" in a100.start_note
+    )
+    t4 = next(c for c in plan.candidates if c.gpu_type == "t4")
+    assert t4.wait_s == pytest.approx(120), t4.start_note  # none waits for a t4 (the held job does not count)
+    # a type Slurm would start the job on now keeps its answer: the queue is waiting for more than is free
+    free_now = {**starts, "gpu:a100:2": ("2026-12-01T12:00:05", "a100-1")}
+    now_plan = plan_spec(spec, "fp", site=site, history=store, cluster=cluster,
+                         slurm=RecordedSlurm(free_now, QUEUED_FOR_A100), now=now)  # fmt: skip
+    assert now_plan.chosen is not None and now_plan.chosen.gpu_type == "a100" and now_plan.chosen.wait_s == 5
 
 
 def test_finishes_are_compared_on_expected_run_times_not_on_the_inflated_ones() -> None:

@@ -9,7 +9,7 @@ import pytest
 from slurmagent.config import ResourcesConf
 from slurmagent.errors import ConfigError, SlurmCommandError
 from slurmagent.slurm.cluster import check_fits, parse_cluster
-from slurmagent.slurm.seam import SlurmCLI, parse_sacct, parse_scontrol_config
+from slurmagent.slurm.seam import PendingJob, SlurmCLI, parse_pending, parse_sacct, parse_scontrol_config
 from slurmagent.syntax import expand_array_id, parse_gres
 from tests.fake.fake_slurm import FakeSlurm
 
@@ -113,3 +113,20 @@ def test_seam_refuses_non_slurm_commands_and_counts_calls(tmp_path: Path) -> Non
     statuses = cli.statuses([array, array])
     assert cli.calls == {"sbatch": 1, "sacct": 1} and sorted(statuses) == [f"{array}_{i}" for i in range(3)]
     assert fake.calls[-1][0] == "sacct" and fake.calls[-1][fake.calls[-1].index("-j") + 1] == array
+
+
+def test_the_queues_waiting_gpu_jobs_are_read_with_their_gpus_and_limits() -> None:
+    """`squeue -h -r -t PD -o PENDING_FORMAT` of the test cluster (22.05 writes `gres:`, later
+    versions `gres/`): held, dependent, CPU and unlimited jobs do not wait for GPUs now."""
+    out = """gpu|PENDING|Resources|gres:gpu:a100:2|1|4:00
+gpu,low|PENDING|Priority|gres/gpu:2|2|1:00:00
+gpu|PENDING|Dependency|gres:gpu:2|1|1:00:00
+gpu|PENDING|JobHeldUser|gres:gpu:t4:1|1|5:00
+low|PENDING|Resources|N/A|1|1:00:00
+gpu|PENDING|Resources|gres:gpu:t4:1|1|UNLIMITED
+gpu|RUNNING|None|gres:gpu:t4:1|1|5:00
+"""
+    assert parse_pending(out) == [
+        PendingJob(("gpu",), "a100", 2, 240),
+        PendingJob(("gpu", "low"), None, 4, 3600),
+    ]
