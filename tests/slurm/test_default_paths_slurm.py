@@ -3,8 +3,9 @@ not the checkout, no `hydra.sweep.dir` (Hydra's `multirun/${now:…}`), no `chec
 `cluster=` (the default `auto` finds Slurm), the README's commands and the user's own module:
 (a) a grid task preempted with `scontrol requeue`, (b) a search trial requeued mid-rung, (c) a
 detached sweep whose task is requeued, (d) a task that crashes and one whose process is killed
-with SIGKILL. Each ends as a user expects: resumed bit-identically, or the user's exception
-named in `status` and `doctor SWEEP`."""
+with SIGKILL, (e) the README's `auto` sweep, `slurmagent plan`, and the sweep again. Each ends as
+a user expects: resumed bit-identically, the user's exception named in `status` and `doctor
+SWEEP`, or the second sweep sized from the first's runs as `plan` said it would be."""
 
 from __future__ import annotations
 
@@ -41,11 +42,13 @@ def start(home: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def cli(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def cli(
+    home: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "slurmagent", *args],
         cwd=home,
-        env=user_env(),
+        env=env or user_env(),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -244,3 +247,74 @@ def test_a_training_process_killed_by_sigkill_is_resumed(home: Path) -> None:
     assert task["result"]["digest"] == chain_digest(80) and task["result"]["resumed_from"] >= 10, task["result"]
     audit = [json.loads(x) for x in (sweep / "audit.jsonl").read_text().splitlines()]
     assert ("outcome", "resubmit", "allow") in [(r["type"], r["action"], r["decision"]) for r in audit], audit
+
+
+AUTO = ("resources.gpus=1", "resources.gpu_type=auto", "resources.time=auto", "resources.mem=auto")
+README_AUTO_SWEEP = ("+experiment=digits_mlp", "-m", "optim.lr=1e-3,1e-2", *AUTO, "budget.gpu_hours=4")
+
+
+def sweeps(home: Path) -> set[Path]:
+    return {p for p in home.glob("multirun/*/*") if (p / "sweep.json").is_file()}
+
+
+def decided(sweep: Path) -> dict[str, tuple[str, str]]:
+    """The `auto` decisions recorded in the sweep: key → (value, why)."""
+    return {d["key"]: (d["value"], d["why"]) for p in state(sweep)["schedule"]["plans"] for d in p["decisions"]}
+
+
+def newest_job() -> int:
+    """The newest job id the queue or accounting knows: a job submitted since would be newer."""
+    queued = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True).stdout.split()
+    ids = subprocess.run(["sacct", "-n", "-X", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw"],
+                         capture_output=True, text=True).stdout.split()  # fmt: skip
+    return max((int(j) for j in [*queued, *ids] if j.isdigit()), default=0)
+
+
+def test_the_readmes_auto_sweep_is_sized_from_its_own_history_as_plan_says(home: Path) -> None:
+    """(e) "Right-sized requests" as the README writes it: the sweep, `slurmagent plan` (the
+    console script), the sweep again. The first has no history: the site's fallback time. Its two
+    runs reach the history from sacct; `plan` predicts from them and submits nothing; the second
+    sweep is submitted as `plan` said. The state dir is the user's default resolution
+    (`$XDG_STATE_HOME/slurmagent`, not the suite's SLURMAGENT_STATE_DIR), in `home`, so the
+    history holds these runs only."""
+    env = {k: v for k, v in user_env().items() if k != "SLURMAGENT_STATE_DIR"}
+    env["XDG_STATE_HOME"] = str(home / ".local" / "state")
+    first = cli(home, *README_AUTO_SWEEP, env=env)
+    assert first.returncode == 0, first.stderr
+    (first_sweep,) = sweeps(home)
+    assert all(t["state"] == "COMPLETED" for t in state(first_sweep)["tasks"]), state(first_sweep)["tasks"]
+    value, why = decided(first_sweep)["resources.time"]
+    assert value == "01:00:00" and why.startswith("no history: site.scheduling.fallback_time=01:00:00"), why
+
+    readme_plan = [str(Path(sys.executable).with_name("slurmagent")), "plan", "+experiment=digits_mlp", *AUTO]
+
+    def planned() -> dict[str, Any] | None:
+        out = subprocess.run([*readme_plan, "--json"], cwd=home, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        body: dict[str, Any] = json.loads(out.stdout)
+        return body if body["history_runs"] == 2 else None  # both runs fed from sacct
+
+    before = newest_job()
+    plan = wait_for(planned, "both runs of the first sweep in the history", 60, 1)
+    shown = subprocess.run(readme_plan, cwd=home, env=env, capture_output=True, text=True, timeout=120)
+    assert newest_job() == before  # nothing submitted
+    assert "mean of the last 2 run(s)" in plan["prediction"], plan["prediction"]
+    limit = plan["resources"]["time"]
+    assert limit < "01:00:00" and plan["sbatch"]["time"] == limit, plan["sbatch"]  # from history, not the fallback
+    assert plan["sbatch"]["mem"] == plan["resources"]["mem"] != "1G"  # the experiment's 1G replaced
+    assert shown.returncode == 0 and "nothing submitted" in shown.stdout, shown.stderr
+    assert f"resources.time={limit}: predicted: mean of the last 2 run(s)" in shown.stdout, shown.stdout
+
+    second = cli(home, *README_AUTO_SWEEP, env=env)
+    assert second.returncode == 0, second.stderr
+    (second_sweep,) = sweeps(home) - {first_sweep}
+    tasks = state(second_sweep)["tasks"]
+    assert [t["state"] for t in tasks] == ["COMPLETED", "COMPLETED"], tasks
+    now = decided(second_sweep)
+    assert now["resources.time"][0] == limit and now["resources.mem"][0] == plan["resources"]["mem"], now
+    assert "mean of the last 2 run(s)" in now["resources.time"][1], now
+    job = subprocess.run(["scontrol", "show", "job", "-o", tasks[0]["attempts"][0]["job_id"]],
+                         capture_output=True, text=True).stdout  # fmt: skip
+    assert f"TimeLimit={limit} " in job and f"MinMemoryNode={plan['resources']['mem']}" in job, job
+    status = cli(home, "status", str(second_sweep), env=env)
+    assert "of budget 4 GPU-h" in status.stdout.replace("\n", " "), status.stdout
