@@ -146,7 +146,7 @@ def plan_spec(
     waits: dict[tuple[str, str | None], tuple[float | None, str]] = {}
     lands_on: dict[str, str] = {}
     stamp = time.time() if now is None else now
-    pending = _pending(slurm)
+    pending = _pending(slurm) if res.gpus > 0 else []
     for c in trial:
         probe = _fill(res, c, c.run_s, pred, cluster, spec, site)
         answer = slurm.test_only(sbatch_flags(dataclasses.replace(probe, time_min=None)))

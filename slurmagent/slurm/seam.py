@@ -390,7 +390,8 @@ class JobUsage:
 
 
 PENDING_FORMAT = "%P|%T|%r|%b|%D|%l"  # partitions, state, reason, GRES per node, nodes, time limit
-WAITING_REASONS = frozenset({"Resources", "Priority"})  # queued ahead; not held, not waiting on a dependency
+# queued ahead (None: not yet looked at by the scheduler); not held, not waiting on a dependency or a begin time
+WAITING_REASONS = frozenset({"Resources", "Priority", "None"})
 
 
 @dataclass(frozen=True)
@@ -496,7 +497,10 @@ def parse_test_only(text: str) -> TestOnly:
 def parse_pending(text: str) -> list[PendingJob]:
     """`squeue -o PENDING_FORMAT` lines → the GPU jobs pending for resources or priority with a
     time limit (`gpu|PENDING|Resources|gres:gpu:a100:2|1|4:00`); CPU jobs, held jobs, jobs
-    waiting on a dependency or a begin time, and jobs without a limit are left out."""
+    waiting on a dependency or a begin time, and jobs without a limit are left out, and so are
+    jobs that asked with `--gpus` instead of `--gres` (squeue's %b shows them as N/A)."""
+    import re
+
     from slurmagent.syntax import parse_gres, slurm_time_to_seconds
 
     out: list[PendingJob] = []
@@ -507,7 +511,7 @@ def parse_pending(text: str) -> list[PendingJob]:
         parts, state, reason, gres, nodes, limit = (f.strip() for f in fields)
         if state != "PENDING" or reason not in WAITING_REASONS or not limit[:1].isdigit() or not nodes.isdigit():
             continue
-        per_node = parse_gres(gres.removeprefix("gres:").removeprefix("gres/"))
+        per_node = parse_gres(re.sub(r"\bgres[:/]", "", gres))  # 22.05 writes gres:gpu:…, later versions gres/gpu:…
         for gpu_type, count in per_node.items():
             out.append(
                 PendingJob(tuple(parts.split(",")), gpu_type or None, count * int(nodes), slurm_time_to_seconds(limit))

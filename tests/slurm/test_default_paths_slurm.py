@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from fault_cases import wait_for
 
+from slurmagent.syntax import mem_to_mb, seconds_to_slurm_time
 from tests.conftest import chain_digest
 
 pytestmark = pytest.mark.slurm
@@ -262,12 +263,14 @@ def decided(sweep: Path) -> dict[str, tuple[str, str]]:
     return {d["key"]: (d["value"], d["why"]) for p in state(sweep)["schedule"]["plans"] for d in p["decisions"]}
 
 
-def newest_job() -> int:
-    """The newest job id the queue or accounting knows: a job submitted since would be newer."""
-    queued = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True).stdout.split()
-    ids = subprocess.run(["sacct", "-n", "-X", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw"],
-                         capture_output=True, text=True).stdout.split()  # fmt: skip
-    return max((int(j) for j in [*queued, *ids] if j.isdigit()), default=0)
+def jobs_from(home: Path) -> set[str]:
+    """The jobs submitted from `home` (their working directory under it) that the queue or
+    accounting knows: one submitted since would be new here, whatever else the cluster runs."""
+    queued = subprocess.run(["squeue", "-h", "-o", "%F|%Z"], capture_output=True, text=True).stdout
+    known = subprocess.run(["sacct", "-n", "-X", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw,WorkDir"],
+                           capture_output=True, text=True).stdout  # fmt: skip
+    rows = (line.split("|", 1) for line in (queued + known).splitlines() if "|" in line)
+    return {job for job, where in rows if Path(where) == home or home in Path(where).parents}
 
 
 def test_the_readmes_auto_sweep_is_sized_from_its_own_history_as_plan_says(home: Path) -> None:
@@ -294,10 +297,10 @@ def test_the_readmes_auto_sweep_is_sized_from_its_own_history_as_plan_says(home:
         body: dict[str, Any] = json.loads(out.stdout)
         return body if body["history_runs"] == 2 else None  # both runs fed from sacct
 
-    before = newest_job()
+    before = jobs_from(home)
     plan = wait_for(planned, "both runs of the first sweep in the history", 60, 1)
     shown = subprocess.run(readme_plan, cwd=home, env=env, capture_output=True, text=True, timeout=120)
-    assert newest_job() == before  # nothing submitted
+    assert jobs_from(home) == before  # nothing submitted
     assert "mean of the last 2 run(s)" in plan["prediction"], plan["prediction"]
     limit = plan["resources"]["time"]
     assert limit < "01:00:00" and plan["sbatch"]["time"] == limit, plan["sbatch"]  # from history, not the fallback
@@ -311,10 +314,14 @@ def test_the_readmes_auto_sweep_is_sized_from_its_own_history_as_plan_says(home:
     tasks = state(second_sweep)["tasks"]
     assert [t["state"] for t in tasks] == ["COMPLETED", "COMPLETED"], tasks
     now = decided(second_sweep)
+    # plan's --time for the type the sweep chose (the cluster may have moved between the two)
+    by_type = {c["gpu_type"]: seconds_to_slurm_time(c["run_s"]) for c in plan["candidates"]}
+    limit = by_type[now["resources.gpu_type"][0]]
     assert now["resources.time"][0] == limit and now["resources.mem"][0] == plan["resources"]["mem"], now
     assert "mean of the last 2 run(s)" in now["resources.time"][1], now
-    job = subprocess.run(["scontrol", "show", "job", "-o", tasks[0]["attempts"][0]["job_id"]],
+    out = subprocess.run(["scontrol", "show", "job", "-o", tasks[0]["attempts"][0]["job_id"]],
                          capture_output=True, text=True).stdout  # fmt: skip
-    assert f"TimeLimit={limit} " in job and f"MinMemoryNode={plan['resources']['mem']}" in job, job
+    job = dict(f.split("=", 1) for f in out.split() if "=" in f)
+    assert job["TimeLimit"] == limit and mem_to_mb(job["MinMemoryNode"]) == mem_to_mb(plan["resources"]["mem"]), job
     status = cli(home, "status", str(second_sweep), env=env)
     assert "of budget 4 GPU-h" in status.stdout.replace("\n", " "), status.stdout

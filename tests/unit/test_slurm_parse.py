@@ -117,9 +117,11 @@ def test_seam_refuses_non_slurm_commands_and_counts_calls(tmp_path: Path) -> Non
 
 def test_the_queues_waiting_gpu_jobs_are_read_with_their_gpus_and_limits() -> None:
     """`squeue -h -r -t PD -o PENDING_FORMAT` of the test cluster (22.05 writes `gres:`, later
-    versions `gres/`): held, dependent, CPU and unlimited jobs do not wait for GPUs now."""
+    versions `gres/`): held, dependent, CPU and unlimited jobs do not wait for GPUs now; one
+    the scheduler has not looked at yet (reason None) does."""
     out = """gpu|PENDING|Resources|gres:gpu:a100:2|1|4:00
 gpu,low|PENDING|Priority|gres/gpu:2|2|1:00:00
+gpu|PENDING|None|gres:tmpfs:10,gres:gpu:t4:1(S:0)|1|1-00:00:00
 gpu|PENDING|Dependency|gres:gpu:2|1|1:00:00
 gpu|PENDING|JobHeldUser|gres:gpu:t4:1|1|5:00
 low|PENDING|Resources|N/A|1|1:00:00
@@ -129,4 +131,5 @@ gpu|RUNNING|None|gres:gpu:t4:1|1|5:00
     assert parse_pending(out) == [
         PendingJob(("gpu",), "a100", 2, 240),
         PendingJob(("gpu", "low"), None, 4, 3600),
+        PendingJob(("gpu",), "t4", 1, 86400),  # just submitted: the scheduler has not given it a reason yet
     ]
