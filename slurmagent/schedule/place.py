@@ -228,7 +228,7 @@ def candidates(
 
 def _gpus(nodes: Iterable[NodeInfo], gpu_type: str | None) -> int:
     """The GPUs of `gpu_type` on `nodes` (None: of every type)."""
-    return sum(n for node in nodes for t, n in node.gpus.items() if gpu_type is None or t == gpu_type)
+    return sum(node.gpu_count(gpu_type) for node in nodes)
 
 
 def queued_ahead(

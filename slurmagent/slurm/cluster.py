@@ -32,6 +32,10 @@ class NodeInfo:
     features: frozenset[str]
     state: str
 
+    def gpu_count(self, gpu_type: str | None) -> int:
+        """Its GPUs of `gpu_type` (None or "": of every type)."""
+        return self.gpus.get(gpu_type, 0) if gpu_type else sum(self.gpus.values())
+
 
 @dataclass(frozen=True)
 class PartitionInfo:
@@ -126,9 +130,7 @@ def check_fits(res: ResourcesConf, cluster: ClusterInfo) -> None:
                 f"resources.gpu_type={res.gpu_type!r} is on no node of partition {part_name!r}{hint}; "
                 f"GPU types there: {choices(types_here)}"
             )
-        candidates = [
-            n for n in candidates if (n.gpus.get(res.gpu_type, 0) if res.gpu_type else sum(n.gpus.values())) >= res.gpus
-        ]
+        candidates = [n for n in candidates if n.gpu_count(res.gpu_type) >= res.gpus]
         if not candidates:
             raise ConfigError(
                 f"resources.gpus={res.gpus} per node: no node of partition {part_name!r} has that many"
