@@ -9,8 +9,8 @@ Two ways in, one cluster:
   every argv it answered);
 - from other processes (submitit on the node, the job's own `scontrol requeue`):
   `fake.env()` puts shims for those commands and `srun` first on PATH, each running
-  `python tests/fake/fake_slurm.py CMD ARGS` (this file, by its path: the job's directory
-  need not be the checkout) against the same state directory.
+  this file's `main(CMD ARGS)` (imported from its folder by path: the job's directory need
+  not be the checkout) against the same state directory.
 
 The state is `<root>/state.json`, changed under a lock. A test drives what a real cluster
 would do to a job: `preempt` (SIGCONT + SIGTERM and the `--signal` user signal to its step,
@@ -51,6 +51,12 @@ from slurmagent.syntax import (
 __all__ = ["FAKE_COMMANDS", "FakeNode", "FakeSlurm", "default_nodes"]
 
 SELF = str(Path(__file__).resolve())  # the shims run this file by its path (it is not in the package)
+# … imported as a module, not run as a script: a module's bytecode is cached, a script is compiled
+# again by every one of the hundreds of command processes of a test run
+ENTRY = (
+    f"import sys; sys.path.insert(0, {str(Path(SELF).parent)!r}); "
+    "from fake_slurm import main; sys.exit(main(sys.argv[1:]))"
+)
 ENV_ROOT = "SLURMAGENT_FAKE_SLURM"  # the state directory, for the command shims
 FAKE_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "sacctmgr")
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
@@ -233,7 +239,7 @@ class FakeSlurm:
             path = self.bin / cmd
             text = (
                 f"#!/bin/sh\n{ENV_ROOT}={shlex.quote(str(self.root))} exec {shlex.quote(self.python)} "
-                f'{shlex.quote(SELF)} {cmd} "$@"\n'
+                f'-c {shlex.quote(ENTRY)} {cmd} "$@"\n'
             )
             if not path.exists() or path.read_text() != text:
                 path.write_text(text)
@@ -331,7 +337,7 @@ class FakeSlurm:
         job.started, job.ended, job.warned = time.time(), None, False
         _WRAPPERS[:] = [w for w in _WRAPPERS if w.poll() is None]  # reap the ended ones
         wrapper = subprocess.Popen(
-            [self.python, SELF, "_run", str(self.root), job.id, str(job.run)],
+            [self.python, "-c", ENTRY, "_run", str(self.root), job.id, str(job.run)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -737,7 +743,7 @@ class FakeSlurm:
 
     # -- the job's own processes -----------------------------------------------------
     def run_job(self, job_id: str, run: int) -> int:
-        """The wrapper (`python tests/fake/fake_slurm.py _run ROOT JOB RUN`): run the batch
+        """The wrapper (`main(["_run", ROOT, JOB, RUN])` in a process of its own): run the batch
         script like slurmstepd, SIGKILL it when its run is ended, record a natural end."""
         key = f"{job_id}#{run}"
         with self._lock:
