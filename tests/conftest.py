@@ -94,6 +94,16 @@ def run_uninterrupted(program: Path, work: Path, *args: str) -> dict[str, Any]:
     return json.loads((out / "result.json").read_text())  # type: ignore[no-any-return]
 
 
+def jobs_from(home: Path) -> set[str]:
+    """The jobs submitted from `home` (their working directory under it) that the queue or
+    accounting knows: one submitted since would be new here, whatever else the cluster runs."""
+    queued = subprocess.run(["squeue", "-h", "-o", "%F|%Z"], capture_output=True, text=True).stdout
+    known = subprocess.run(["sacct", "-n", "-X", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw,WorkDir"],
+                           capture_output=True, text=True).stdout  # fmt: skip
+    rows = (line.split("|", 1) for line in (queued + known).splitlines() if "|" in line)
+    return {job for job, where in rows if Path(where) == home or home in Path(where).parents}
+
+
 def audit_records(path: Path, retention: bool = False) -> list[dict[str, Any]]:
     """The records of an audit log (none when it does not exist). A run's checkpoint.keep_last
     deletions are gate actions too (tests/unit/test_checkpoint.py); a test of other actions

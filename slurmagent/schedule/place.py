@@ -338,8 +338,8 @@ def choose(cands: list[Candidate]) -> tuple[Candidate, str]:
 
 
 def _gpus_on(node: NodeInfo, gpu_type: str | None) -> int:
-    """The node's GPUs of `gpu_type` (None: of any type), at least 1 (a divisor)."""
-    return max(1, node.gpus.get(gpu_type or "", 0) or sum(node.gpus.values()))
+    """The node's GPUs of `gpu_type` (None, or a type it has none of: all its GPUs), at least 1 (a divisor)."""
+    return max(1, node.gpu_count(gpu_type) or node.gpu_count(None))
 
 
 def proportional_cpus(res: ResourcesConf, nodes: list[NodeInfo], gpu_type: str | None) -> int:

@@ -21,7 +21,7 @@ import pytest
 from fault_cases import wait_for
 
 from slurmagent.syntax import mem_to_mb, seconds_to_slurm_time
-from tests.conftest import chain_digest
+from tests.conftest import chain_digest, jobs_from
 
 pytestmark = pytest.mark.slurm
 
@@ -261,16 +261,6 @@ def sweeps(home: Path) -> set[Path]:
 def decided(sweep: Path) -> dict[str, tuple[str, str]]:
     """The `auto` decisions recorded in the sweep: key → (value, why)."""
     return {d["key"]: (d["value"], d["why"]) for p in state(sweep)["schedule"]["plans"] for d in p["decisions"]}
-
-
-def jobs_from(home: Path) -> set[str]:
-    """The jobs submitted from `home` (their working directory under it) that the queue or
-    accounting knows: one submitted since would be new here, whatever else the cluster runs."""
-    queued = subprocess.run(["squeue", "-h", "-o", "%F|%Z"], capture_output=True, text=True).stdout
-    known = subprocess.run(["sacct", "-n", "-X", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw,WorkDir"],
-                           capture_output=True, text=True).stdout  # fmt: skip
-    rows = (line.split("|", 1) for line in (queued + known).splitlines() if "|" in line)
-    return {job for job, where in rows if Path(where) == home or home in Path(where).parents}
 
 
 def test_the_readmes_auto_sweep_is_sized_from_its_own_history_as_plan_says(home: Path) -> None:

@@ -22,7 +22,7 @@ from fault_cases import slurmagent_cli, sweep_state, wait_for
 
 from slurmagent.config import SchedulingConf
 from slurmagent.schedule.history import HistoryRow, HistoryStore, fingerprint
-from tests.conftest import WebhookReceiver
+from tests.conftest import WebhookReceiver, jobs_from
 
 pytestmark = pytest.mark.slurm
 
@@ -48,14 +48,6 @@ def my_jobs() -> list[str]:
     return out.split()
 
 
-def sacct_count() -> int:
-    """The newest job id accounting knows (a job submitted since would be newer)."""
-    out = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-a", "-S", "now-1days", "-o", "JobIDRaw"], capture_output=True, text=True
-    )
-    return max((int(j) for j in out.stdout.split() if j.isdigit()), default=0)
-
-
 def test_history_from_sacct_then_plan_and_auto_from_it(slurm_conf: str, tmp_path: Path) -> None:
     work = ("+experiment=synthetic", "cluster=slurm", "synthetic.steps=40", "synthetic.step_time_s=0.25")
     sweep = tmp_path / "first"
@@ -72,12 +64,12 @@ def test_history_from_sacct_then_plan_and_auto_from_it(slurm_conf: str, tmp_path
     assert all(1 < r.steps_per_s < 5 for r in rows), rows  # the runtime's speed (0.25 s a step)
     assert all(r.gpu_mem_peak_mb == 0 for r in rows)  # no CUDA in these jobs (the GRES is Slurm's): no GPU peak
 
-    before = len(my_jobs()), sacct_count()
+    before = jobs_from(tmp_path)
     auto = ["resources.gpus=1", "resources.gpu_type=auto", "resources.time=auto", "resources.mem=auto"]
     planned = cli(["plan", *work, "synthetic.x=0.1", *auto, "--json"], tmp_path)
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(planned.stdout)
-    assert (len(my_jobs()), sacct_count()) == before  # nothing submitted
+    assert jobs_from(tmp_path) == before  # nothing submitted
     assert plan["history_runs"] == 1 and "mean of the last 1 run(s)" in plan["prediction"]
     assert {c["gpu_type"] for c in plan["candidates"]} == {"a100", "t4", "any"}  # any: Slurm picks the node
     assert all(c["wait_s"] is not None and "on " in c["start_note"] for c in plan["candidates"])  # Slurm's estimate
@@ -117,14 +109,14 @@ def _fingerprints(tmp_path: Path) -> set[str]:
 
 def test_a_sweep_over_budget_is_refused_with_nothing_submitted(slurm_conf: str, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    before = len(my_jobs()), sacct_count()
+    before = jobs_from(tmp_path)
     out = cli(["+experiment=synthetic", "cluster=slurm", "-m", "synthetic.x=0.1,0.2,0.3", "resources.gpus=2",
                "resources.gpu_type=a100", "resources.time=01:00:00", "budget.gpu_hours=4",
                f"hydra.sweep.dir={sweep}"], tmp_path)  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "predicted use (6.000 GPU-h, cost 22.02) exceeds its budget: 6.000 GPU-h > budget.gpu_hours=4" in out.stderr
     assert "nothing was submitted" in out.stderr and not sweep.exists()
-    assert (len(my_jobs()), sacct_count()) == before
+    assert jobs_from(tmp_path) == before
     denied = cli(["+experiment=synthetic", "cluster=slurm", "-m", "resources.priority=urgent",
                   f"hydra.sweep.dir={sweep}"], tmp_path)  # fmt: skip
     assert denied.returncode == 2 and "resources.priority=urgent is not allowed" in denied.stderr, denied.stderr
