@@ -25,7 +25,7 @@ from slurmagent.supervise.notices import Notices
 from slurmagent.supervise.recover import Recoverer
 from slurmagent.supervise.state import SweepState, SweepStore, TaskRecord
 from slurmagent.supervise.submission import RETRY_LIMIT_AFTER_S, WAITING, Submitter, submit_waiting
-from slurmagent.supervise.usage import UsageTracker
+from slurmagent.supervise.usage import SETTLE_S, UsageTracker
 from slurmagent.supervise.views import STUDY_SETTINGS, summary_line, sweep_table, terminal
 
 if TYPE_CHECKING:
@@ -249,6 +249,8 @@ class Supervisor:
                     # finished_at: set by the end of an edit that left every task done; a state
                     # written mid-edit (a resubmission's intent, before its sbatch) is not the end
                     if state.done and state.finished_at is not None and not self.recoverer.has_held():
+                        if leading:
+                            self._settle_history()
                         notices = self.notices(state) if leading else None
                         if notices is not None:  # what is not sent yet is tried a while longer
                             for left in notices.flush():
@@ -270,6 +272,24 @@ class Supervisor:
             lead.release()
         self._collect_results(state)
         return state
+
+    def _settle_history(self) -> None:
+        """The sweep is done, but accounting may not show its last runs ended yet (slurmdbd
+        lags the controller): ask sacct again, every poll interval, until they reach the
+        history or SETTLE_S has passed."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            with self.store.edit() as state:
+                if not self.usage.unrecorded(state):
+                    return
+                self.usage.poll(state, 0)
+                left = len(self.usage.unrecorded(state))
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                log.warning("%d ended task(s) not ended in accounting after %.0f s: not in the history", left, SETTLE_S)
+                return
+            time.sleep(self.poll_interval_s)
 
     def _collect_results(self, state: SweepState) -> None:
         """Return values of completed tasks this process did not read itself (it followed)."""

@@ -33,7 +33,9 @@ from slurmagent.syntax import split_hostlist
 log = logging.getLogger(__name__)
 
 SPEND_EVERY_S = 10.0  # how often a budgeted sweep's spend is measured (one sacct call)
-INGEST_EVERY_S = 30.0  # ended tasks go to the history at most this often, and when the sweep is done
+# a sweep that is done waits this long at most for accounting (slurmdbd lags the controller) to
+# show its last runs ended, so that they reach the history: plan and auto are sized from it
+SETTLE_S = 30.0
 INGEST_STATES = frozenset({"COMPLETED", "TIMEOUT", "OUT_OF_MEMORY"})
 
 
@@ -51,8 +53,15 @@ class UsageTracker:
         self.slurm = slurm
         self._clock = clock
         self._last = -float("inf")
-        self._last_ingest = clock()
         self._node_types: dict[str, str] | None = None
+
+    @staticmethod
+    def unrecorded(state: SweepState) -> list[TaskRecord]:
+        """Ended tasks whose runs are not in the history yet (on a queued backend)."""
+        if not state.where.queued:
+            return []
+        done = set(state.schedule.get("ingested", []))
+        return [t for t in state.tasks if t.state in INGEST_STATES and t.index not in done and t.attempts]
 
     def poll(self, state: SweepState, ended: int) -> bool:
         """One sacct call when tasks ended (history) or the budget is due a look; True when
@@ -61,8 +70,7 @@ class UsageTracker:
             return False
         budget = budget_conf(state.schedule.get("budget"))
         capped = bool(budget.gpu_hours or budget.cost) and not state.schedule.get("stopped")
-        done = set(state.schedule.get("ingested", []))
-        to_ingest = [t for t in state.tasks if t.state in INGEST_STATES and t.index not in done and t.attempts]
+        to_ingest = self.unrecorded(state)
         # measured when tasks ended too: a waiting task is submitted right after, and must not be if the cap is reached
         due = capped and (ended > 0 or self._clock() - self._last >= SPEND_EVERY_S)
         if not to_ingest and not due:
@@ -76,8 +84,6 @@ class UsageTracker:
         by_job: dict[str, list[JobUsage]] = {}
         for u in usages:
             by_job.setdefault(u.job_id, []).append(u)
-        if to_ingest:
-            self._last_ingest = self._clock()
         changed = self._ingest(state, to_ingest, by_job)
         if due:
             self._last = self._clock()
