@@ -280,9 +280,7 @@ class Supervisor:
         deadline = time.monotonic() + SETTLE_S
         while True:
             with self.store.edit() as state:
-                if not self.usage.unrecorded(state):
-                    return
-                self.usage.poll(state, 0)
+                self.usage.poll(state, 0)  # asks sacct only while some are left
                 left = len(self.usage.unrecorded(state))
             if not left:
                 return

@@ -50,9 +50,10 @@ from slurmagent.syntax import (
 
 __all__ = ["FAKE_COMMANDS", "FakeNode", "FakeSlurm", "default_nodes"]
 
-SELF = str(Path(__file__).resolve())  # the shims run this file by its path (it is not in the package)
-# … imported as a module, not run as a script: a module's bytecode is cached, a script is compiled
-# again by every one of the hundreds of command processes of a test run
+SELF = str(Path(__file__).resolve())  # this file (it is not in the package)
+# The shims and job wrappers run ENTRY, which imports this file as a module from its folder
+# rather than running it as a script: a module's bytecode is cached, a script is compiled again
+# by every one of the hundreds of command processes of a test run.
 ENTRY = (
     f"import sys; sys.path.insert(0, {str(Path(SELF).parent)!r}); "
     "from fake_slurm import main; sys.exit(main(sys.argv[1:]))"
@@ -166,6 +167,7 @@ class FakeSlurm:
         python: str = sys.executable,
         requeue_delay_s: float = 0.5,
         accounting_lag_s: float = 0.0,
+        record_lag_s: float = 0.0,
         max_submit_jobs: int | None = None,
     ) -> None:
         self.root = Path(root)
@@ -195,6 +197,8 @@ class FakeSlurm:
                     "requeue_delay_s": requeue_delay_s,  # a requeued job waits this long (BeginTime)
                     # sacct shows a requeued job's new run only this long after the requeue (slurmdbd lags)
                     "accounting_lag_s": accounting_lag_s,
+                    # … and every run's start and end this long late (a short job: not at all until then)
+                    "record_lag_s": record_lag_s,
                     "controller_up": True,
                     "max_submit_jobs": max_submit_jobs,  # the user's MaxSubmitJobs (sacctmgr); None = none
                     "refuse_sbatch": [],  # messages the next sbatch calls fail with, one each
@@ -626,13 +630,18 @@ class FakeSlurm:
             runs = [*job.runs, (job.state, job.node)]
             if job.runs and time.time() < job.requeued_at + float(st.get("accounting_lag_s", 0.0)):
                 runs = runs[:-1]  # accounting has the ended run, not yet the requeued one
+            lag, now = float(st.get("record_lag_s", 0.0)), time.time()
+            if lag and job.started and now < job.started + lag and not job.runs:
+                continue  # accounting has not recorded its start yet
+            if lag and job.state in ENDED and job.ended and now < job.ended + lag:
+                runs = [*runs[:-1], ("RUNNING", job.node)]  # … nor its end
             if "--duplicates" not in args and "-D" not in args:
                 runs = runs[-1:]
             for state, node in runs:
                 values = {
                     "JobID": job.id,
                     "State": state,
-                    "ExitCode": job.exit_code if state == job.state else "0:15",
+                    "ExitCode": job.exit_code if state == job.state else "0:0" if state == "RUNNING" else "0:15",
                     "Reason": job.reason,
                     "NodeList": node or "None assigned",
                 }

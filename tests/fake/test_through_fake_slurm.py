@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurmagent.schedule.history import HistoryStore, default_history_path
 from tests.conftest import audit_records, chain_digest
 from tests.fake.conftest import finish, first_job_id, running, slurmagent, start, sweep_state
 from tests.fake.fake_slurm import FakeSlurm
@@ -199,6 +200,21 @@ def test_a_requeued_preemption_is_never_a_failure_even_while_accounting_lags(tmp
     assert len(task["attempts"]) == 1 and task["attempts"][0]["restarts"] == 1
     assert task["result"]["digest"] == chain_digest(80)
     assert ["squeue", "-h", "-j", job, "-o", "%i|%T|%r|%L"] in fake.logged_calls()  # it asked
+
+
+def test_runs_that_accounting_shows_ended_late_still_reach_the_job_history(tmp_path: Path) -> None:
+    """slurmdbd lags the controller: a short job is not in sacct at all until after its result is
+    on disk and the sweep is done. The supervisor asks again until accounting shows it ended (at
+    most SETTLE_S), so the history that `plan` and `auto` size the next sweep from holds every
+    run. Was: such runs never reached it (the README's `auto` cluster test failed 2 of 3 runs)."""
+    fake = FakeSlurm(tmp_path / "fake-slurm", kill_wait_s=3.0, record_lag_s=3.0)
+    sweep = tmp_path / "sweep"
+    proc = slurmagent(fake, tmp_path, *SYNTHETIC, "-m", "synthetic.steps=3,4", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr
+    state = sweep_state(sweep)
+    assert [t["state"] for t in state["tasks"]] == ["COMPLETED"] * 2
+    keys = {f"{state['sweep_dir']}#{t['index']}" for t in state["tasks"]}
+    assert HistoryStore(default_history_path()).known(keys) == keys
 
 
 def test_a_preemption_that_cancels_the_job_is_recovered(fake: FakeSlurm, tmp_path: Path) -> None:

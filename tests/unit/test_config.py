@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import typing
 from collections.abc import Iterator
@@ -140,25 +139,11 @@ NEGATIVE_OK = {"hpo.trial": "-1 is 'not a trial', the default"}
 HPO_BASE = ["hpo.budget.wall_time=1:00:00"]  # a search needs some budget; the other hpo keys are tested on top
 
 
-@functools.cache
-def _hydra() -> Any:
-    """Hydra set up for the packaged config once per process: what `initialize_config_module`
-    builds on every entry (the search path, the plugins' config sources) is the same for every
-    compose below, and building it was a third of each one's time."""
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+def _compose(overrides: list[str]) -> Any:
+    from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module="slurmagent.conf", version_base="1.3"):
-        return GlobalHydra.instance().hydra
-
-
-def _compose(overrides: list[str]) -> Any:
-    """`hydra.compose(config_name="config", overrides=…, return_hydra_config=True)`, on that setup."""
-    from hydra.types import RunMode
-
-    return _hydra().compose_config(
-        config_name="config", overrides=overrides, run_mode=RunMode.RUN, from_shell=False, with_log_configuration=False
-    )
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
 
 
 def _numeric(annotation: Any) -> type | None:
