@@ -291,8 +291,8 @@ def _show(console: Any, plan: Plan, site: Any, overrides: list[str], title: str)
     lines += [f"{d['key']}={d['value']}: {d['why']}" for d in plan.decisions]
     flags = " ".join(f"--{k}={v}" for k, v in sbatch_flags(plan.resources).items())
     lines.append(f"sbatch {flags}")
-    use = plan.usage(site)
-    lines.append(f"predicted use: {use.describe()}")
+    if title:  # one of a sweep's jobs; a single job's use is the summary line below
+        lines.append(f"predicted use of this job: {plan.usage(site).describe()}")
     console.print("\n".join(lines), markup=False, highlight=False)
 
 

@@ -91,6 +91,12 @@ class Candidate:
         return f"any of {'|'.join(self.types)}" if self.gpu_type == ANY else (self.gpu_type or "cpu")
 
 
+def _gib(need: float) -> str:
+    """A GPU-memory need for the plan's table: 2 decimals, or 2 significant digits below
+    0.01 GiB (a small model's 4 MiB is not '0.00 GiB needed')."""
+    return f"{need:.2f}" if need >= 0.01 or need <= 0 else f"{need:.2g}"
+
+
 def tie_s(finish_s: float) -> float:
     """How close two predicted finishes must be to count as a tie (`FINISH_TIE_S`, `FINISH_TIE_FRACTION`)."""
     return max(FINISH_TIE_S, FINISH_TIE_FRACTION * finish_s) if math.isfinite(finish_s) else 0.0
@@ -180,7 +186,7 @@ def candidates(
                 fits, note = False, f"{gpu_type} is not in site.gpus"
             else:
                 fits = memory - GPU_HEADROOM_GIB >= need_gib
-                note = f"{memory:g} GiB {'≥' if fits else '<'} {need_gib:.2f} GiB needed"
+                note = f"{memory:g} GiB {'≥' if fits else '<'} {_gib(need_gib)} GiB needed"
             run_s = limit_seconds(reference_s, throughput, inflation, lead_s) or fallback_s
             predicted, expected = _run_times(reference_s, throughput, inflation, run_s)
             use = usage_of(gpus_total, predicted, gpu_type, site)
@@ -206,7 +212,7 @@ def candidates(
             elif need_gib is None:
                 note = f"{span}, need not known"
             else:
-                note = f"{span}, each ≥ {need_gib:.2f} GiB needed"
+                note = f"{span}, each ≥ {_gib(need_gib)} GiB needed"
             any_c = Candidate(
                 part_name,
                 ANY,
