@@ -67,6 +67,9 @@ class RecoveryConf:
     # --no-requeue, such a job ends and recovery resubmits it as a new job (it still resumes)
     requeue: bool = True
     max_time_limit_requeues: int = 3  # requeues at the time limit per Slurm job; then resubmit with more time
+    # at the time limit's warning, a run whose rest (its remaining steps at 1.5× its pace so far,
+    # and its last checkpoint) ends before the limit finishes instead of requeueing (step loop)
+    finish_before_limit: bool = True
     kill_wait_s: float | None = None  # seconds from SIGTERM to SIGKILL; None = Slurm's KillWait (asked on stop)
 
 

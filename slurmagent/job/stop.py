@@ -8,6 +8,8 @@
   signal with time to spare → requeue. A requeue that is not done (Slurm refuses it for a
   `--no-requeue` job, the policy or the kill switch holds it) ends the job with a sentence
   the diagnosis knows (`time_limit`, `requeue_failed`), so recovery resubmits it.
+- Before any of that, at the time limit's warning, the step loop asks `FinishCheck` whether
+  the rest of the run fits before the limit: then it finishes and nothing is requeued.
 - `reason="health"`: the runtime health check found this node CRITICAL → requeue the job
   and exclude this node from its next run (`requeue_elsewhere`).
 
@@ -82,6 +84,50 @@ def classify_stop(signals: tuple[int, ...], state: str, time_left_s: int | None,
     if time_left_s is not None and time_left_s <= signal_delay_s + 60:
         return "time_limit"
     return "signal"
+
+
+FINISH_PACE = 1.5  # the rest of a run is assumed this much slower than its pace so far
+FINISH_MARGIN_S = 5.0  # and to end this long before the time limit
+
+
+def finishes_before_limit(rest_s: float, time_left_s: int | None) -> bool:
+    """Pure: a run stopped by the time limit's warning whose rest (`rest_s`: its remaining
+    steps at its pace so far and its last checkpoint) ends before the limit, with room for
+    a slower pace, finishes instead of requeueing; a requeue would put it back in the queue
+    for a few seconds of work."""
+    return time_left_s is not None and rest_s >= 0 and FINISH_PACE * rest_s + FINISH_MARGIN_S <= time_left_s
+
+
+class FinishCheck:
+    """What the step loop asks at a stop, before it stops for a requeue (`StopSignals.finish`):
+    the reason the run may finish instead, or None. Only at the time limit's warning (Slurm's
+    view, as `classify_stop` reads it: a preemption or a person's signal always stops), only
+    when `recovery.finish_before_limit` and `finishes_before_limit` allow. If the run is slower
+    than that, Slurm's SIGTERM at the limit stops it at the next step with a checkpoint, and
+    recovery resubmits it with more time."""
+
+    def __init__(self, ctx: JobContext, recovery: RecoveryConf, slurm: SlurmCLI) -> None:
+        self.ctx, self.recovery, self.slurm = ctx, recovery, slurm
+
+    def __call__(self, signals: tuple[int, ...], rest_s: float) -> str | None:
+        job = self.ctx.slurm_requeue_id
+        if not self.recovery.finish_before_limit or not self.ctx.where.queued or job is None:
+            return None
+        try:
+            seen = self.slurm.job_state(job)
+        except SlurmAgentError:
+            return None  # no answer: stop, as without this check
+        if seen is None:
+            return None
+        left = parse_time_limit(seen.time_left)
+        if classify_stop(signals, seen.state, left, self.recovery.signal_delay_s) != "time_limit":
+            return None
+        if not finishes_before_limit(rest_s, left):
+            return None
+        return (
+            f"time limit near ({seen.time_left} left) and the rest of the run takes about {rest_s:.0f} s: "
+            f"finishing instead of requeueing (recovery.finish_before_limit)"
+        )
 
 
 def count_time_limit_requeue(ctx: JobContext) -> int:

@@ -28,7 +28,7 @@ from slurmagent.config import HPO_STOP_AT, JobSpec, job_spec, resolve_target, sp
 from slurmagent.errors import ConfigError
 from slurmagent.job.boot import hold_stop_signals, release_stop_signals
 from slurmagent.job.command import run_command
-from slurmagent.job.stop import GraceWindow, LoopApprover, handle_stop
+from slurmagent.job.stop import FinishCheck, GraceWindow, LoopApprover, handle_stop
 from slurmagent.primitives.env import JobEnv, check_checkpoint_dir, task_checkpoint_dir
 from slurmagent.primitives.signals import StopFlag, StopSignals, install_handlers, restore_handlers, signal_number
 from slurmagent.runtime.context import JobContext, context_from_env, set_current
@@ -76,7 +76,8 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
         signals = [signal_number(spec.recovery.signal), signal.SIGTERM, signal.SIGCONT]
         previous = install_handlers(flag, signals)
         release_stop_signals()  # a stop held since the process started (job/boot.py) lands on the flag now
-        ctx = replace(ctx, signals=StopSignals(flag, GraceWindow(spec.recovery, ctx.where, slurm)))
+        grace = GraceWindow(spec.recovery, ctx.where, slurm)
+        ctx = replace(ctx, signals=StopSignals(flag, grace, FinishCheck(ctx, spec.recovery, slurm)))
     set_current(ctx)
     os.environ.update(ctx.to_env())
     if ctx.world_size > 1:  # torchrun's variables: init_process_group("gloo"/"nccl") needs no arguments

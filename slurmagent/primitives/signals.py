@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-__all__ = ["GraceFn", "StopFlag", "StopSignals", "install_handlers", "restore_handlers", "signal_number"]
+__all__ = ["FinishFn", "GraceFn", "StopFlag", "StopSignals", "install_handlers", "restore_handlers", "signal_number"]
 
 # seconds from a stop signal until Slurm kills the job, by signal number (None = unknown)
 GraceFn = Callable[[int], float | None]
+# at a stop: (the signals received, seconds the rest of the run takes) → why the run may finish
+# instead of stopping for a requeue, or None when it must stop
+FinishFn = Callable[[tuple[int, ...], float], str | None]
 
 
 @dataclass
@@ -39,15 +42,22 @@ class StopFlag:
     def set(self) -> bool:
         return self.signum is not None
 
+    def clear(self) -> None:
+        """The stop was answered without stopping (the run finishes first): a later signal
+        sets the flag again; `history` keeps every signal."""
+        self.signum = None
+        self.received_at = None
+
 
 @dataclass(frozen=True)
 class StopSignals:
     """What the job wrapper gives the step loop: the flag its handlers set since the job
-    started, and how long the job may still run after each signal (the stop checkpoint must
-    fit in it)."""
+    started, how long the job may still run after each signal (the stop checkpoint must fit
+    in it), and whether a run near its end may finish instead of stopping (job/stop.py)."""
 
     flag: StopFlag
     grace: GraceFn | None = None
+    finish: FinishFn | None = None
 
 
 def signal_number(name: str) -> int:

@@ -266,6 +266,7 @@ class StepLoop:
         self._run_started = time.monotonic()
         self._progress_at = 0.0
         self._grace = grace if grace is not None else (ctx.signals.grace if ctx.signals is not None else None)
+        self._finish = ctx.signals.finish if ctx.signals is not None else None  # job/stop.py's FinishCheck
         self.last_saved_step: int | None = None
         self.stop_note = ""  # what the stop did about its checkpoint, for logs and tests
         self._gather_s = 0.0  # time the last save took to gather the state (state_dict)
@@ -362,6 +363,21 @@ class StepLoop:
         _barrier()  # no rank leaves before rank 0's checkpoint is on disk
         return done
 
+    def _finishes_first(self, done: int) -> bool:
+        """At a stop, after its checkpoint: may the run finish instead (the job wrapper's
+        `finish` says, from Slurm's view of the job; never after a SIGTERM)? Rank 0 asks,
+        every rank follows."""
+        ask = None
+        if self.is_writer and self._finish is not None and signal.SIGTERM not in self.flag.history:
+            elapsed = time.monotonic() - self._run_started
+            if done > self.start_step and elapsed > 0:
+                rest_s = (self.end_step - done) * elapsed / (done - self.start_step) + self.save_cost_estimate
+                ask = self._finish(tuple(self.flag.history), rest_s)
+        if not _from_rank0(ask is not None):
+            return False
+        self.stop_note += f"; {ask}" if ask else "; finishing (rank 0's decision)"
+        return True
+
     def report(self, **metrics: float) -> None:
         """Record metrics for this step: kept in `loop.metrics` and in checkpoints, and
         appended (rank 0) to `<output dir>/metrics.jsonl` as {"step": …, name: value}."""
@@ -455,6 +471,10 @@ class StepLoop:
                     raise StopForRequeue(0, done, tuple(self.flag.history), reason="health")
                 if stop:
                     resume_at = self._stop_save(done)
+                    if self._finishes_first(done):  # the time limit's warning, a few seconds of work left
+                        log.warning("signal %s: %s", self.flag.signum, self.stop_note)
+                        self.flag.clear()
+                        continue
                     log.warning("signal %s: %s; stopping for requeue", self.flag.signum, self.stop_note)
                     raise StopForRequeue(int(self.flag.signum or 0), resume_at, tuple(self.flag.history))
                 if due:

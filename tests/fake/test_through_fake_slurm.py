@@ -107,18 +107,19 @@ def test_preempted_job_is_requeued_by_slurm_and_resumes_exactly(fake: FakeSlurm,
     assert audit(sweep) == []  # SIGTERM: Slurm's own requeue, nothing for the gate
 
 
+# 4 s of work; the warning comes with 1:30 - 0:30 left: within its lead + slack
+NEAR_THE_LIMIT = (
+    "synthetic.steps=80",
+    "synthetic.step_time_s=0.05",
+    "checkpoint.every_steps=1000",
+    "resources.time=00:01:30",
+)
+
+
 def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: FakeSlurm, tmp_path: Path) -> None:
-    launcher, sweep, job = running(
-        fake,
-        tmp_path,
-        *SYNTHETIC,
-        "-m",
-        "synthetic.steps=80",
-        "synthetic.step_time_s=0.05",
-        "checkpoint.every_steps=1000",
-        "resources.time=00:01:30",  # the warning comes with 1:30 - 0:30 left: within its lead + slack
-        steps=10,
-    )
+    # the requeue path, though the rest would fit (finishing instead: the test below)
+    off = "recovery.finish_before_limit=false"
+    launcher, sweep, job = running(fake, tmp_path, *SYNTHETIC, "-m", *NEAR_THE_LIMIT, off, steps=10)
     fake.warn(job)  # Slurm's --signal=USR2@60 before the time limit
     finish(launcher)
     (task,) = sweep_state(sweep)["tasks"]
@@ -131,6 +132,25 @@ def test_time_limit_warning_makes_the_job_requeue_itself_through_the_gate(fake: 
     assert records[0]["context"]["cause"] == "time_limit"  # type: ignore[index]
     assert ["scontrol", "requeue", job] in fake.logged_calls()  # from inside the job, through the seam
     assert fake.job(job)["runs"][0][0] == "REQUEUED"
+
+
+def test_time_limit_warning_with_a_few_seconds_of_work_left_finishes_instead_of_requeueing(
+    fake: FakeSlurm, tmp_path: Path
+) -> None:
+    """Was: requeued at the warning whatever was left (a bench job at 98 % of its work went back
+    to the queue for 2 s of it). The loop saves its stop checkpoint, asks Slurm the time left,
+    and finishes: one run, no requeue, nothing for the gate to decide."""
+    launcher, sweep, job = running(fake, tmp_path, *SYNTHETIC, "-m", *NEAR_THE_LIMIT, steps=10)
+    fake.warn(job)  # ~75 s left, ~4 s of work
+    finish(launcher)
+    (task,) = sweep_state(sweep)["tasks"]
+    assert task["result"]["digest"] == chain_digest(80) and task["attempts"][0]["restarts"] == 0, task
+    assert task["result"]["resumed_from"] is None and task["result"]["steps_run_here"] == 80  # never restored
+    assert not (sweep / "audit.jsonl").exists() or not audit(sweep)
+    assert ["scontrol", "requeue", job] not in fake.logged_calls() and not fake.job(job)["runs"]
+    assert ["squeue", "-h", "-j", job, "-o", "%T|%r|%L"] in fake.logged_calls()  # it asked Slurm the time left
+    log = slurmagent(fake, tmp_path, "logs", str(sweep), "0", "--tail", "0").stdout
+    assert "finishing instead of requeueing (recovery.finish_before_limit)" in log, log
 
 
 def test_recovery_waits_while_paused_and_runs_after_resume(fake: FakeSlurm, tmp_path: Path) -> None:

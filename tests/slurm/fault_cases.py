@@ -680,6 +680,9 @@ CASES: tuple[FaultCase, ...] = (
             "resources.time='00:01:00'",
             "recovery.signal_delay_s=20",
             "recovery.max_time_limit_requeues=0",
+            # a warning late in the run may find the rest fits before the limit and finish
+            # (test_requeue_slurm.py proves that); this case is the stop and resubmission
+            "recovery.finish_before_limit=false",
         ),
         check=check_time_limit,
     ),

@@ -200,7 +200,9 @@ def test_time_min_job_is_backfilled_into_a_hole_and_requeued_at_its_shortened_li
             [sys.executable, "-m", "slurmagent", "+experiment=synthetic", "cluster=slurm", *POLL, "-m",
              "synthetic.steps=200", "synthetic.step_time_s=0.25", "checkpoint.every_steps=10",
              "resources.constraint=cpu", "resources.time=00:10:00", "resources.time_min=00:01:00",
-             "recovery.signal_delay_s=20", "recovery.max_time_limit_requeues=8", f"hydra.sweep.dir={sweep}"],
+             "recovery.signal_delay_s=20", "recovery.max_time_limit_requeues=8",
+             "recovery.finish_before_limit=false",  # the requeue at the cut limit, even when the rest would fit
+             f"hydra.sweep.dir={sweep}"],
             cwd=tmp_path, env=env_for(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         while proc.poll() is None:  # what the controller says of the job while it runs
