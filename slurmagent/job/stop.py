@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -90,12 +91,15 @@ FINISH_PACE = 1.5  # the rest of a run is assumed this much slower than its pace
 FINISH_MARGIN_S = 5.0  # and to end this long before the time limit
 
 
-def finishes_before_limit(rest_s: float, time_left_s: int | None) -> bool:
+def finishes_before_limit(rest_s: float, time_left_s: float | None, after_s: float = 0.0) -> bool:
     """Pure: a run stopped by the time limit's warning whose rest (`rest_s`: its remaining
     steps at its pace so far and its last checkpoint) ends before the limit, with room for
-    a slower pace, finishes instead of requeueing; a requeue would put it back in the queue
-    for a few seconds of work."""
-    return time_left_s is not None and rest_s >= 0 and FINISH_PACE * rest_s + FINISH_MARGIN_S <= time_left_s
+    a slower pace and for what the job does after the loop (`after_s`: the trackers' last
+    flush), finishes instead of requeueing; a requeue would put it back in the queue for a
+    few seconds of work."""
+    if time_left_s is None or rest_s < 0:
+        return False
+    return FINISH_PACE * rest_s + after_s + FINISH_MARGIN_S <= time_left_s
 
 
 class FinishCheck:
@@ -104,15 +108,21 @@ class FinishCheck:
     view, as `classify_stop` reads it: a preemption or a person's signal always stops), only
     when `recovery.finish_before_limit` and `finishes_before_limit` allow. If the run is slower
     than that, Slurm's SIGTERM at the limit stops it at the next step with a checkpoint, and
-    recovery resubmits it with more time."""
+    recovery resubmits it with more time. Code of the task's own after the loop (a final
+    evaluation, an export) is not counted: FINISH_MARGIN_S is all it gets."""
 
-    def __init__(self, ctx: JobContext, recovery: RecoveryConf, slurm: SlurmCLI) -> None:
-        self.ctx, self.recovery, self.slurm = ctx, recovery, slurm
+    ASK_TIMEOUT_S = 10.0  # squeue's answer must leave the warning's lead for the stop itself
+
+    def __init__(self, ctx: JobContext, recovery: RecoveryConf, slurm: SlurmCLI | None = None) -> None:
+        self.ctx, self.recovery = ctx, recovery
+        self.slurm = slurm or SlurmCLI(timeout=self.ASK_TIMEOUT_S)
+        self.after_s = 0.0  # what the job does after the loop may take (the trackers' flush)
 
     def __call__(self, signals: tuple[int, ...], rest_s: float) -> str | None:
         job = self.ctx.slurm_requeue_id
         if not self.recovery.finish_before_limit or not self.ctx.where.queued or job is None:
             return None
+        asked = time.monotonic()
         try:
             seen = self.slurm.job_state(job)
         except SlurmAgentError:
@@ -122,7 +132,7 @@ class FinishCheck:
         left = parse_time_limit(seen.time_left)
         if classify_stop(signals, seen.state, left, self.recovery.signal_delay_s) != "time_limit":
             return None
-        if not finishes_before_limit(rest_s, left):
+        if left is None or not finishes_before_limit(rest_s, left - (time.monotonic() - asked), self.after_s):
             return None
         return (
             f"time limit near ({seen.time_left} left) and the rest of the run takes about {rest_s:.0f} s: "

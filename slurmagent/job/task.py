@@ -71,18 +71,21 @@ def run_in_job(cfg: DictConfig, call: Callable[[JobSpec, JobContext], Any], requ
         ctx = replace(ctx, stop_at=stop_at)
     ctx = replace(ctx, approve=LoopApprover(ctx))  # the step loop's in-loop actions go through the gate
     previous: dict[int, Any] = {}
+    finish: FinishCheck | None = None
     if spec.task.command is None and ctx.where.launched:
         flag = StopFlag()
         signals = [signal_number(spec.recovery.signal), signal.SIGTERM, signal.SIGCONT]
         previous = install_handlers(flag, signals)
         release_stop_signals()  # a stop held since the process started (job/boot.py) lands on the flag now
-        grace = GraceWindow(spec.recovery, ctx.where, slurm)
-        ctx = replace(ctx, signals=StopSignals(flag, grace, FinishCheck(ctx, spec.recovery, slurm)))
+        finish = FinishCheck(ctx, spec.recovery)
+        ctx = replace(ctx, signals=StopSignals(flag, GraceWindow(spec.recovery, ctx.where, slurm), finish))
     set_current(ctx)
     os.environ.update(ctx.to_env())
     if ctx.world_size > 1:  # torchrun's variables: init_process_group("gloo"/"nccl") needs no arguments
         os.environ.update({k: v for k, v in rendezvous_env(ctx).items() if k not in os.environ})
     tracking = _start_tracking(cfg, ctx)
+    if finish is not None and tracking is not None:
+        finish.after_s = tracking[1]  # the trackers' last flush comes after the loop
     returned = False
     try:
         try:

@@ -42,11 +42,13 @@ class StopFlag:
     def set(self) -> bool:
         return self.signum is not None
 
-    def clear(self) -> None:
-        """The stop was answered without stopping (the run finishes first): a later signal
-        sets the flag again; `history` keeps every signal."""
-        self.signum = None
-        self.received_at = None
+    def clear(self, since: int = 0) -> None:
+        """The stop was answered without stopping (the run finishes first): the flag is set
+        again by the first signal after `history[since]` (one that came while the answer was
+        sought) or by a later one; `history` keeps every signal."""
+        later = [s for s in self.history[since:] if s != signal.SIGCONT]
+        self.signum = later[0] if later else None
+        self.received_at = time.monotonic() if later else None
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,14 @@ def agree_stop(local: bool) -> bool:
     return agree(local)[0]
 
 
+def rest_seconds(done: int, start_step: int, end_step: int, elapsed_s: float, save_s: float) -> float | None:
+    """Pure: how long the rest of a run takes, at its pace since it started (or resumed at
+    `start_step`) — `end_step - done` steps, then its last checkpoint; None before a step."""
+    if done <= start_step or elapsed_s <= 0:
+        return None
+    return max(0, end_step - done) * elapsed_s / (done - start_step) + save_s
+
+
 def _from_rank0(value: bool) -> bool:
     """Rank 0's decision, on every rank."""
     dist = _distributed()
@@ -363,19 +371,25 @@ class StepLoop:
         _barrier()  # no rank leaves before rank 0's checkpoint is on disk
         return done
 
-    def _finishes_first(self, done: int) -> bool:
-        """At a stop, after its checkpoint: may the run finish instead (the job wrapper's
-        `finish` says, from Slurm's view of the job; never after a SIGTERM)? Rank 0 asks,
-        every rank follows."""
+    def _finishes_first(self, done: int, resume_at: int) -> bool:
+        """At a stop, after its checkpoint: may the run finish instead? The job wrapper's
+        `finish` says, from Slurm's view of the job (job/stop.py `FinishCheck`); never once any
+        rank got a SIGTERM, nor when the stop checkpoint was skipped for lack of time. Rank 0
+        asks, every rank follows. A signal that lands while it asks stays on the flag."""
+        seen = len(self.flag.history)
+        (ending,) = agree(signal.SIGTERM in self.flag.history)  # on every rank: a collective
         ask = None
-        if self.is_writer and self._finish is not None and signal.SIGTERM not in self.flag.history:
+        if self.is_writer and self._finish is not None and not ending and resume_at == done and self.flag.history:
             elapsed = time.monotonic() - self._run_started
-            if done > self.start_step and elapsed > 0:
-                rest_s = (self.end_step - done) * elapsed / (done - self.start_step) + self.save_cost_estimate
-                ask = self._finish(tuple(self.flag.history), rest_s)
+            rest_s = rest_seconds(done, self.start_step, self.end_step, elapsed, self.save_cost_estimate)
+            try:
+                ask = self._finish(tuple(self.flag.history), rest_s) if rest_s is not None else None
+            except Exception as exc:  # the stop must not fail (or hang the other ranks) on the question
+                log.warning("could not ask whether the run may finish before the limit: %s", exc)
         if not _from_rank0(ask is not None):
             return False
         self.stop_note += f"; {ask}" if ask else "; finishing (rank 0's decision)"
+        self.flag.clear(since=seen)
         return True
 
     def report(self, **metrics: float) -> None:
@@ -471,16 +485,15 @@ class StepLoop:
                     raise StopForRequeue(0, done, tuple(self.flag.history), reason="health")
                 if stop:
                     resume_at = self._stop_save(done)
-                    if self._finishes_first(done):  # the time limit's warning, a few seconds of work left
-                        log.warning("signal %s: %s", self.flag.signum, self.stop_note)
-                        self.flag.clear()
+                    if self._finishes_first(done, resume_at):  # the time limit's warning, seconds of work left
+                        log.warning("%s", self.stop_note)
                         continue
                     log.warning("signal %s: %s; stopping for requeue", self.flag.signum, self.stop_note)
                     raise StopForRequeue(int(self.flag.signum or 0), resume_at, tuple(self.flag.history))
                 if due:
                     self.save(done, background=True)
             self.step = max(self.end_step, self.start_step)
-            if self.end_step > self.start_step or self.restored_from is None:
+            if (self.end_step > self.start_step or self.restored_from is None) and self.last_saved_step != self.step:
                 self.save(self.step)  # the end of the schedule, or the rung a promotion resumes from
             if self.is_writer and self._metrics_file is not None:
                 self._progress(force=True)

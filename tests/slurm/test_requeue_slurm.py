@@ -99,10 +99,11 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
 
 
 def test_the_time_limits_warning_with_seconds_of_work_left_lets_the_run_finish(slurm_conf: str, tmp_path: Path) -> None:
-    """A 1-minute limit, 30 s of work, the warning 20 s ahead (ours at step 150; Slurm's own
-    comes 10-40 s in): Slurm says the job runs with under a minute left, the rest fits, the
-    run finishes: one run, no requeue. Was: requeued for its last seconds, back to the queue."""
-    steps = 300
+    """A 2-minute limit, 15 s of work, the warning 60 s ahead (ours at step 75, with ~105 s
+    left; Slurm's own would come 30-60 s in, after the end): Slurm says the job runs with less
+    than the warning's lead + 60 s left, the rest fits, the run finishes: one run, no
+    requeue. Was: requeued for its last seconds, back to the queue."""
+    steps = 150
     sweep = tmp_path / "sweep"
     launcher = subprocess.Popen(
         sweep_argv(
@@ -111,8 +112,7 @@ def test_the_time_limits_warning_with_seconds_of_work_left_lets_the_run_finish(s
             f"synthetic.steps={steps}",
             "synthetic.step_time_s=0.1",
             "checkpoint.every_steps=1000",
-            "resources.time=00:01:00",
-            "recovery.signal_delay_s=20",
+            "resources.time=00:02:00",
         ),
         cwd=tmp_path,
         stdout=subprocess.PIPE,

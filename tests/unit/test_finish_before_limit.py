@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from slurmagent.config import CheckpointConf, RecoveryConf
+from slurmagent.errors import SlurmCommandError
 from slurmagent.job.stop import FinishCheck, finishes_before_limit
 from slurmagent.primitives.signals import StopFlag, StopSignals
 from slurmagent.runtime import StepLoop, StopForRequeue, context_from_env
+from slurmagent.runtime.loop import rest_seconds
 from slurmagent.slurm.seam import JobState, SlurmCLI
 from tests.unit.test_checkpoint import Counter
 
@@ -26,7 +28,15 @@ USR2, TERM = signal.SIGUSR2, signal.SIGTERM
 def test_the_rest_must_end_before_the_limit_with_room_for_a_slower_pace() -> None:
     assert finishes_before_limit(10.0, 30)  # 1.5 × 10 s + 5 s = 20 s ≤ 30 s
     assert not finishes_before_limit(20.0, 30)  # 35 s > 30 s
+    assert not finishes_before_limit(10.0, 30, after_s=15.0)  # + the trackers' 15 s flush: 35 s > 30 s
     assert not finishes_before_limit(1.0, None)  # Slurm did not say: stop, as before
+
+
+def test_the_rest_is_the_steps_left_at_the_pace_since_the_run_started_or_resumed() -> None:
+    assert rest_seconds(done=15, start_step=0, end_step=20, elapsed_s=30.0, save_s=1.0) == 11.0  # 5 × 2 s + 1 s
+    assert rest_seconds(done=15, start_step=10, end_step=20, elapsed_s=10.0, save_s=0.0) == 10.0  # resumed at 10
+    assert rest_seconds(done=15, start_step=0, end_step=15, elapsed_s=30.0, save_s=1.0) == 1.0  # a rung's end
+    assert rest_seconds(done=10, start_step=10, end_step=20, elapsed_s=3.0, save_s=0.0) is None  # no step yet
 
 
 class Squeue(SlurmCLI):
@@ -79,6 +89,23 @@ def test_finish_before_limit_false_always_stops_and_asks_nothing(tmp_path: Path)
     assert squeue.asked == []
 
 
+class Unanswered(Squeue):
+    def job_state(self, job_id: str) -> JobState | None:
+        raise SlurmCommandError(["squeue"], 1, "slurm_load_jobs error: Socket timed out")
+
+
+class Forgotten(Squeue):
+    def job_state(self, job_id: str) -> JobState | None:
+        return None
+
+
+def test_no_answer_from_slurm_or_no_slurm_stops_as_before(tmp_path: Path) -> None:
+    assert _check(tmp_path, Unanswered("RUNNING", "0:50"))((USR2,), 1.0) is None
+    assert _check(tmp_path, Forgotten("RUNNING", "0:50"))((USR2,), 1.0) is None
+    local = FinishCheck(context_from_env({}, output_dir=tmp_path), RecoveryConf(), Squeue("RUNNING", "0:50"))
+    assert local((USR2,), 1.0) is None  # not under Slurm: nothing to requeue or ask
+
+
 def _loop(tmp_path: Path, finish: Any) -> StepLoop:
     ctx = context_from_env({}, output_dir=tmp_path)
     flag = StopFlag()
@@ -122,3 +149,31 @@ def test_a_loop_told_it_does_not_fit_stops_for_a_requeue_as_before(tmp_path: Pat
             if step == 14:
                 loop.flag.handler(USR2, None)
     assert stop.value.step == 15 and stop.value.signum == USR2
+
+
+def test_a_sigterm_that_lands_while_the_loop_asks_still_stops_it(tmp_path: Path) -> None:
+    loop = _loop(tmp_path, lambda _signals, _rest: None)
+
+    def finish(signals: tuple[int, ...], rest_s: float) -> str:
+        loop.flag.handler(signal.SIGCONT, None)  # the preemption comes while squeue answers
+        loop.flag.handler(TERM, None)
+        return "fits"
+
+    loop._finish = finish
+    with pytest.raises(StopForRequeue) as stop:
+        for step in loop:
+            if step == 4:
+                loop.flag.handler(USR2, None)
+    assert stop.value.step == 6 and stop.value.signum == TERM  # the next boundary, not the end
+
+
+def test_a_question_that_fails_stops_for_a_requeue_as_before(tmp_path: Path) -> None:
+    def finish(signals: tuple[int, ...], rest_s: float) -> str:
+        raise RuntimeError("broken")
+
+    loop = _loop(tmp_path, finish)
+    with pytest.raises(StopForRequeue) as stop:
+        for step in loop:
+            if step == 4:
+                loop.flag.handler(USR2, None)
+    assert stop.value.step == 5 and stop.value.signum == USR2
