@@ -15,7 +15,8 @@ t4-2 with 2 t4 each (fake GRES: Slurm allocates and accounts them; the workload 
 running). A job holds its GPUs and its memory for its true run time there: `work`
 A100-seconds over the type's throughput (the bench's catalogue: t4 = 0.5 of an a100; the
 packaged catalogue says 0.15), minutes for every kind. Checkpointed kinds act as slurmagent's
-runtime does: `--signal=B:USR2@60`, on the signal they save (a few seconds), requeue
+runtime does: `--signal=B:USR2@60`, on the signal they save (a few seconds), finish when the
+rest fits before the limit (`recovery.finish_before_limit`, since commit 3291344), else requeue
 themselves and resume where they stopped; `auto` gives them `--time-min`. A job that needs
 more GPU memory than the GPU it landed on has fails with a GPU OOM and is resubmitted on the
 a100 (the emulated GPU's memory: the catalogue's).
@@ -91,6 +92,18 @@ while done < work:
     done += 0.5 * speed if work - done > 0.5 * speed else work - done
     if stop:  # the time limit's warning: save (a few seconds), requeue, resume later where it stopped
         save(done, save_s)
+        # … unless the rest ends before the limit: it finishes (recovery.finish_before_limit)
+        from slurmagent.job.stop import finishes_before_limit
+        from slurmagent.syntax import parse_time_limit
+        left = subprocess.run(["squeue", "-h", "-j", os.environ["SLURM_JOB_ID"], "-o", "%L"],
+                              capture_output=True, text=True).stdout.strip()
+        try:
+            fits = finishes_before_limit((work - done) / speed + save_s, parse_time_limit(left))
+        except Exception:  # no answer: requeue, as the runtime does
+            fits = False
+        if fits:
+            stop.clear()
+            continue
         subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]])
         time.sleep(60)
         sys.exit(0)
