@@ -5,7 +5,8 @@ not the checkout, no `hydra.sweep.dir` (Hydra's `multirun/${now:…}`), no `chec
 detached sweep whose task is requeued, (d) a task that crashes and one whose process is killed
 with SIGKILL, (e) the README's `auto` sweep, `slurmagent plan`, and the sweep again. Each ends as
 a user expects: resumed bit-identically, the user's exception named in `status` and `doctor
-SWEEP`, or the second sweep sized from the first's runs as `plan` said it would be."""
+SWEEP`, or the second sweep sized from the first's runs as `plan` said it would be; (f) a
+task given the time limit's warning with seconds of work left finishes instead of requeueing."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from fault_cases import wait_for
 
 from slurmagent.syntax import mem_to_mb, seconds_to_slurm_time
-from tests.conftest import chain_digest, jobs_from
+from tests.conftest import audit_records, chain_digest, jobs_from
 
 pytestmark = pytest.mark.slurm
 
@@ -315,3 +316,27 @@ def test_the_readmes_auto_sweep_is_sized_from_its_own_history_as_plan_says(home:
     assert job["TimeLimit"] == limit and mem_to_mb(job["MinMemoryNode"]) == mem_to_mb(plan["resources"]["mem"]), job
     status = cli(home, "status", str(second_sweep), env=env)
     assert "of budget 4 GPU-h" in status.stdout.replace("\n", " "), status.stdout
+
+
+def test_the_time_limits_warning_with_seconds_of_work_left_lets_the_run_finish(home: Path) -> None:
+    """A 2-minute limit, 15 s of work, Slurm's default warning 60 s ahead (sent here at step 75,
+    with ~105 s left; Slurm's own would come 30-60 s in, after the end): Slurm says the job runs
+    with less than the warning's lead + 60 s left, the rest fits, the run finishes: one run, no
+    requeue. Was: requeued for its last seconds, back to the queue."""
+    steps = 150
+    run = ("+experiment=synthetic", "-m", f"synthetic.steps={steps}", "synthetic.step_time_s=0.1")
+    proc = start(home, *run, "resources.time=00:02:00", *POLL)
+    sweep = the_sweep(home)
+    job = running_job(sweep, 0, min_lines=steps // 2)
+    subprocess.run(["scancel", "--signal=USR2", job], capture_output=True, timeout=60)
+    code, out = finish(proc)
+    assert code == 0, out
+    (task,) = state(sweep)["tasks"]
+    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 1, task
+    assert task["attempts"][0]["restarts"] == 0, task  # never requeued
+    assert task["result"]["digest"] == chain_digest(steps) and task["result"]["steps_run_here"] == steps
+    logs = cli(home, "logs", str(sweep), "0", "--tail", "0").stdout
+    assert "finishing instead of requeueing (recovery.finish_before_limit)" in logs, logs[-3000:]
+    # the audit has the default keep_last pruning of old checkpoints, and no requeue
+    actions = {r["action"] for r in audit_records(sweep / "audit.jsonl")} if (sweep / "audit.jsonl").exists() else set()
+    assert "requeue" not in actions, actions

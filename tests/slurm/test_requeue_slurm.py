@@ -1,6 +1,7 @@
 """The runtime's signal path on the real cluster: USR2 (the time-limit warning) → checkpoint
-at the next step boundary → `scontrol requeue` of the array task → resume, same result; and at
-the time limit's warning with seconds of work left, the run finishes instead."""
+at the next step boundary → `scontrol requeue` of the array task → resume, same result. (At
+the time limit's warning with seconds of work left the run finishes instead:
+tests/slurm/test_default_paths_slurm.py.)"""
 
 from __future__ import annotations
 
@@ -96,45 +97,3 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_conf: str, tmp_path: Path) 
     assert records[0]["context"]["source"] == "runtime" and records[0]["context"]["cause"] == "signal"
     texts = [e["text"] for e in records[0]["evidence"]]
     assert any("State=RUNNING" in t for t in texts) and any("SIGUSR2" in t for t in texts), texts
-
-
-def test_the_time_limits_warning_with_seconds_of_work_left_lets_the_run_finish(slurm_conf: str, tmp_path: Path) -> None:
-    """A 2-minute limit, 15 s of work, the warning 60 s ahead (ours at step 75, with ~105 s
-    left; Slurm's own would come 30-60 s in, after the end): Slurm says the job runs with less
-    than the warning's lead + 60 s left, the rest fits, the run finishes: one run, no
-    requeue. Was: requeued for its last seconds, back to the queue."""
-    steps = 150
-    sweep = tmp_path / "sweep"
-    launcher = subprocess.Popen(
-        sweep_argv(
-            sweep,
-            "+experiment=synthetic",
-            f"synthetic.steps={steps}",
-            "synthetic.step_time_s=0.1",
-            "checkpoint.every_steps=1000",
-            "resources.time=00:02:00",
-        ),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        metrics = sweep / "0" / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps // 2):
-            assert time.monotonic() < deadline and launcher.poll() is None, "the task did not reach half its steps"
-            time.sleep(0.2)
-        job_id = json.loads((sweep / "sweep.json").read_text())["tasks"][0]["attempts"][0]["job_id"]
-        subprocess.run(["scancel", "--signal=USR2", job_id], capture_output=True, timeout=60)
-        _, err = launcher.communicate(timeout=240)
-    finally:
-        launcher.kill()
-    assert launcher.returncode == 0, err
-    task = json.loads((sweep / "sweep.json").read_text())["tasks"][0]
-    assert task["state"] == "COMPLETED" and len(task["attempts"]) == 1, task
-    assert task["attempts"][0]["restarts"] == 0, task  # never requeued
-    assert task["result"]["digest"] == chain_digest(steps) and task["result"]["steps_run_here"] == steps
-    logs = "".join(p.read_text(errors="replace") for p in (sweep / ".submitit").glob(f"{job_id}_*_log.*"))
-    assert "finishing instead of requeueing (recovery.finish_before_limit)" in logs, logs[-3000:]
-    assert not (sweep / "audit.jsonl").exists() or not audit_records(sweep / "audit.jsonl")
